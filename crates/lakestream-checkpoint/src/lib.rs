@@ -1,0 +1,658 @@
+//! The checkpoint log of a lakestream query: what makes a micro-batch happen
+//! exactly once.
+//!
+//! A checkpoint is a directory on any object store (a local path, `file://`,
+//! `s3://`, `gs://`, `az://`) holding small, versioned JSON files:
+//!
+//! ```text
+//! <checkpoint>/metadata      query id, created once with create-if-absent
+//! <checkpoint>/offsets/<N>   write-ahead: source ranges of batch N, its timestamp
+//! <checkpoint>/commits/<N>   batch N is in the table
+//! <checkpoint>/lock          local checkpoints only: held by the running process
+//! ```
+//!
+//! The protocol, in the order the engine follows it for batch `N`:
+//!
+//! ```text
+//!  plan ──► offsets/N (create-if-absent) ──► execute ──► table commit(txn=N) ──► commits/N
+//! ```
+//!
+//! `offsets/N` without `commits/N` means batch N was planned and may or may
+//! not be in the table: the engine re-runs exactly that range, and the sink's
+//! transaction check skips it if it was committed. This crate owns the files
+//! and the fence; it links no DataFusion, Delta or Kafka code, so `status` is
+//! cheap and the protocol can be tested alone.
+//!
+//! # Example
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use std::collections::{BTreeMap, HashMap};
+//! use lakestream_checkpoint::{Checkpoint, OffsetsEntry, SourceRange};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let ckpt = Checkpoint::open(dir.path().to_str().unwrap(), &HashMap::new()).await.unwrap();
+//! let mut sources = BTreeMap::new();
+//! sources.insert("events".to_string(), SourceRange { start: None, end: serde_json::json!(10) });
+//! ckpt.write_offsets(&OffsetsEntry::new(0, 1_700_000_000_000, sources)).await.unwrap();
+//! assert_eq!(ckpt.latest_offsets().await.unwrap().unwrap().batch_id, 0);
+//! assert!(ckpt.latest_commit().await.unwrap().is_none());
+//! # });
+//! ```
+
+pub mod location;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+pub use location::Location;
+
+/// The checkpoint file format this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Errors of the checkpoint log.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Another live process holds the checkpoint.
+    #[error(
+        "checkpoint in use: {location} is held by another running lakestream process ({detail}); \
+         stop that process or use a different --checkpoint"
+    )]
+    InUse {
+        /// The checkpoint location.
+        location: String,
+        /// What showed the checkpoint is taken.
+        detail: String,
+    },
+    /// A checkpoint file cannot be parsed.
+    #[error(
+        "checkpoint file {file} is corrupt: {reason}; restore it from a backup, or remove it \
+         only if you know the batch it describes never reached the table"
+    )]
+    Corrupt {
+        /// The file's URL.
+        file: String,
+        /// The parse error.
+        reason: String,
+    },
+    /// A checkpoint file was written by a different format version.
+    #[error(
+        "checkpoint file {file} has format version {found}; this lakestream reads version \
+         {FORMAT_VERSION}: run a lakestream release that matches the checkpoint"
+    )]
+    UnsupportedVersion {
+        /// The file's URL.
+        file: String,
+        /// The version found in the file.
+        found: u32,
+    },
+    /// A location string could not be turned into an object store.
+    #[error("invalid location {location:?}: {reason}")]
+    InvalidLocation {
+        /// The location as given.
+        location: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The object store failed.
+    #[error("checkpoint storage error at {file}: {source}")]
+    Store {
+        /// The file's URL.
+        file: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// A local file operation failed.
+    #[error("i/o error at {path}: {source}")]
+    Io {
+        /// The local path.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `<checkpoint>/metadata`: who this query is. Written once, never rewritten.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metadata {
+    /// Format version ([`FORMAT_VERSION`]).
+    pub version: u32,
+    /// The query id: the Delta `txn` app id of every commit of this query.
+    pub query_id: Uuid,
+    /// When the checkpoint was created, in ms since the Unix epoch.
+    pub created_at_ms: i64,
+}
+
+/// One source's range in a batch. `start` is the previous batch's end
+/// (`None` for the first batch); the batch reads `(start, end]` in the
+/// source's own offset terms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceRange {
+    /// End of the previous batch, or `None` before the first batch.
+    pub start: Option<serde_json::Value>,
+    /// End of this batch, inclusive of everything it reads.
+    pub end: serde_json::Value,
+}
+
+/// `<checkpoint>/offsets/<N>`: the write-ahead record of batch N.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OffsetsEntry {
+    /// Format version ([`FORMAT_VERSION`]).
+    pub version: u32,
+    /// The batch id N.
+    pub batch_id: u64,
+    /// The batch's timestamp (ms since the epoch), fixed so a replay sees the
+    /// same `now()`.
+    pub batch_timestamp_ms: i64,
+    /// The event-time watermark in ms, when the query has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_ms: Option<i64>,
+    /// Range per source name.
+    pub sources: BTreeMap<String, SourceRange>,
+}
+
+impl OffsetsEntry {
+    /// A new entry at the current format version.
+    pub fn new(
+        batch_id: u64,
+        batch_timestamp_ms: i64,
+        sources: BTreeMap<String, SourceRange>,
+    ) -> Self {
+        Self {
+            version: FORMAT_VERSION,
+            batch_id,
+            batch_timestamp_ms,
+            watermark_ms: None,
+            sources,
+        }
+    }
+}
+
+/// `<checkpoint>/commits/<N>`: batch N is in the table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommitEntry {
+    /// Format version ([`FORMAT_VERSION`]).
+    pub version: u32,
+    /// The batch id N.
+    pub batch_id: u64,
+    /// The table version holding the batch, when the sink has versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_version: Option<i64>,
+    /// True when the table already held the batch and nothing was written.
+    #[serde(default)]
+    pub skipped: bool,
+    /// When the batch was marked done, in ms since the Unix epoch.
+    pub committed_at_ms: i64,
+}
+
+impl CommitEntry {
+    /// A new entry at the current format version, stamped now.
+    pub fn new(batch_id: u64, table_version: Option<i64>, skipped: bool) -> Self {
+        Self {
+            version: FORMAT_VERSION,
+            batch_id,
+            table_version,
+            skipped,
+            committed_at_ms: now_ms(),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// An open checkpoint. Opening it takes the fence; dropping it releases it.
+#[derive(Debug)]
+pub struct Checkpoint {
+    location: Location,
+    metadata: Metadata,
+    // Held for the life of the checkpoint: the OS releases the lock when the
+    // process dies, so a restart after kill -9 is never blocked.
+    _lock: Option<File>,
+}
+
+impl Checkpoint {
+    /// Open (creating when absent) the checkpoint at `location`.
+    ///
+    /// On a local path this takes an exclusive OS lock on `<checkpoint>/lock`
+    /// and fails with [`Error::InUse`] while another process holds it. On an
+    /// object store the create-if-absent write of each `offsets/N` is the fence.
+    pub async fn open(location: &str, options: &HashMap<String, String>) -> Result<Self> {
+        let location = Location::parse(location, options)?;
+        location.ensure_local_dir()?;
+        let lock = match location.local_dir() {
+            Some(dir) => Some(take_lock(dir, location.url().as_str())?),
+            None => None,
+        };
+        let metadata = match read_metadata(&location).await? {
+            Some(m) => m,
+            None => {
+                let m = Metadata {
+                    version: FORMAT_VERSION,
+                    query_id: Uuid::new_v4(),
+                    created_at_ms: now_ms(),
+                };
+                let path = location.child("metadata");
+                match put_json(&location, &path, &m, PutMode::Create).await {
+                    Ok(()) => m,
+                    // Another process created it first: theirs is the query id.
+                    Err(Error::Store {
+                        source: object_store::Error::AlreadyExists { .. },
+                        ..
+                    }) => read_metadata(&location)
+                        .await?
+                        .ok_or_else(|| Error::Corrupt {
+                            file: file_url(&location, "metadata"),
+                            reason: "metadata vanished after it was created".into(),
+                        })?,
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        Ok(Self {
+            location,
+            metadata,
+            _lock: lock,
+        })
+    }
+
+    /// Read a checkpoint without taking the fence (for `status`). Returns
+    /// `None` when no checkpoint exists at `location`.
+    pub async fn inspect(
+        location: &str,
+        options: &HashMap<String, String>,
+    ) -> Result<Option<CheckpointView>> {
+        let location = Location::parse(location, options)?;
+        let Some(metadata) = read_metadata(&location).await? else {
+            return Ok(None);
+        };
+        Ok(Some(CheckpointView { location, metadata }))
+    }
+
+    /// The query id recorded in `metadata`.
+    pub fn query_id(&self) -> Uuid {
+        self.metadata.query_id
+    }
+
+    /// The parsed `metadata` file.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Where this checkpoint lives.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// Write `offsets/N` with create-if-absent.
+    ///
+    /// Durable when this returns. If the file already exists another process
+    /// planned this batch: [`Error::InUse`] (never overwritten).
+    pub async fn write_offsets(&self, entry: &OffsetsEntry) -> Result<()> {
+        let name = format!("offsets/{}", entry.batch_id);
+        let path = self.location.child(&name);
+        match put_json(&self.location, &path, entry, PutMode::Create).await {
+            Err(Error::Store {
+                source: object_store::Error::AlreadyExists { .. },
+                ..
+            }) => Err(Error::InUse {
+                location: self.location.url().to_string(),
+                detail: format!(
+                    "{} was written by someone else while this process planned batch {}",
+                    file_url(&self.location, &name),
+                    entry.batch_id
+                ),
+            }),
+            other => other,
+        }
+    }
+
+    /// Write `commits/N`. Idempotent: rewriting the same batch is allowed, so a
+    /// crash between the table commit and this write is harmless.
+    pub async fn write_commit(&self, entry: &CommitEntry) -> Result<()> {
+        let path = self.location.child(&format!("commits/{}", entry.batch_id));
+        put_json(&self.location, &path, entry, PutMode::Overwrite).await
+    }
+
+    /// Read `offsets/N`, if present.
+    pub async fn offsets(&self, batch_id: u64) -> Result<Option<OffsetsEntry>> {
+        read_entry(&self.location, &format!("offsets/{batch_id}")).await
+    }
+
+    /// The highest planned batch, if any.
+    pub async fn latest_offsets(&self) -> Result<Option<OffsetsEntry>> {
+        latest(&self.location, "offsets").await
+    }
+
+    /// The highest committed batch, if any.
+    pub async fn latest_commit(&self) -> Result<Option<CommitEntry>> {
+        latest(&self.location, "commits").await
+    }
+
+    /// Every planned batch id, ascending.
+    pub async fn offset_ids(&self) -> Result<Vec<u64>> {
+        list_ids(&self.location, "offsets").await
+    }
+}
+
+/// A read-only view of a checkpoint (no fence taken).
+#[derive(Debug)]
+pub struct CheckpointView {
+    location: Location,
+    metadata: Metadata,
+}
+
+impl CheckpointView {
+    /// The parsed `metadata` file.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// The highest planned batch, if any.
+    pub async fn latest_offsets(&self) -> Result<Option<OffsetsEntry>> {
+        latest(&self.location, "offsets").await
+    }
+
+    /// The highest committed batch, if any.
+    pub async fn latest_commit(&self) -> Result<Option<CommitEntry>> {
+        latest(&self.location, "commits").await
+    }
+
+    /// Whether a running process holds the checkpoint (local checkpoints only;
+    /// `None` when the store cannot tell).
+    pub fn is_in_use(&self) -> Option<bool> {
+        let dir = self.location.local_dir()?;
+        match take_lock(dir, self.location.url().as_str()) {
+            Ok(_lock) => Some(false),
+            Err(Error::InUse { .. }) => Some(true),
+            Err(_) => None,
+        }
+    }
+}
+
+fn take_lock(dir: &std::path::Path, url: &str) -> Result<File> {
+    let path = dir.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::Io {
+            path: path.display().to_string(),
+            source: e,
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::InUse {
+            location: url.to_string(),
+            detail: format!("{} is locked", path.display()),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::Io {
+            path: path.display().to_string(),
+            source: e,
+        }),
+    }
+}
+
+fn file_url(location: &Location, name: &str) -> String {
+    format!("{}{}", location.url(), name)
+}
+
+async fn read_metadata(location: &Location) -> Result<Option<Metadata>> {
+    read_entry(location, "metadata").await
+}
+
+/// A file that carries a format version.
+trait Versioned {
+    fn format_version(&self) -> u32;
+}
+
+impl Versioned for Metadata {
+    fn format_version(&self) -> u32 {
+        self.version
+    }
+}
+impl Versioned for OffsetsEntry {
+    fn format_version(&self) -> u32 {
+        self.version
+    }
+}
+impl Versioned for CommitEntry {
+    fn format_version(&self) -> u32 {
+        self.version
+    }
+}
+
+async fn read_entry<T: serde::de::DeserializeOwned + Versioned>(
+    location: &Location,
+    name: &str,
+) -> Result<Option<T>> {
+    let path = location.child(name);
+    let file = file_url(location, name);
+    let bytes = match location.store().get(&path).await {
+        Ok(r) => r.bytes().await.map_err(|e| Error::Store {
+            file: file.clone(),
+            source: e,
+        })?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(Error::Store { file, source: e }),
+    };
+    // Look at the version before the shape, so a newer format is reported as
+    // such rather than as corruption.
+    let raw: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+        file: file.clone(),
+        reason: e.to_string(),
+    })?;
+    match raw.get("version").and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(FORMAT_VERSION) => {}
+        Some(v) => {
+            return Err(Error::UnsupportedVersion {
+                file,
+                found: u32::try_from(v).unwrap_or(u32::MAX),
+            });
+        }
+        None => {
+            return Err(Error::Corrupt {
+                file,
+                reason: "no \"version\" field".into(),
+            });
+        }
+    }
+    let entry: T = serde_json::from_value(raw).map_err(|e| Error::Corrupt {
+        file: file.clone(),
+        reason: e.to_string(),
+    })?;
+    debug_assert_eq!(entry.format_version(), FORMAT_VERSION);
+    Ok(Some(entry))
+}
+
+async fn put_json<T: Serialize>(
+    location: &Location,
+    path: &Path,
+    value: &T,
+    mode: PutMode,
+) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(value).expect("checkpoint types serialize");
+    let opts = PutOptions {
+        mode,
+        ..Default::default()
+    };
+    location
+        .store()
+        .put_opts(path, PutPayload::from(bytes), opts)
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::Store {
+            file: format!("{}{}", location.url(), path_below_root(location, path)),
+            source: e,
+        })
+}
+
+fn path_below_root(location: &Location, path: &Path) -> String {
+    let root = location.root().as_ref();
+    let p = path.as_ref();
+    p.strip_prefix(root)
+        .map(|s| s.trim_start_matches('/').to_string())
+        .unwrap_or_else(|| p.to_string())
+}
+
+async fn list_ids(location: &Location, dir: &str) -> Result<Vec<u64>> {
+    let prefix = location.child(dir);
+    let metas: Vec<_> = location
+        .store()
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(|e| Error::Store {
+            file: file_url(location, dir),
+            source: e,
+        })?;
+    let mut ids: Vec<u64> = metas
+        .iter()
+        .filter_map(|m| m.location.filename().and_then(|f| f.parse::<u64>().ok()))
+        .collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+async fn latest<T: serde::de::DeserializeOwned + Versioned>(
+    location: &Location,
+    dir: &str,
+) -> Result<Option<T>> {
+    match list_ids(location, dir).await?.last() {
+        Some(id) => read_entry(location, &format!("{dir}/{id}")).await,
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn src(end: i64) -> BTreeMap<String, SourceRange> {
+        let mut m = BTreeMap::new();
+        m.insert(
+            "s".to_string(),
+            SourceRange {
+                start: None,
+                end: serde_json::json!(end),
+            },
+        );
+        m
+    }
+
+    async fn open(dir: &std::path::Path) -> Result<Checkpoint> {
+        Checkpoint::open(dir.to_str().unwrap(), &HashMap::new()).await
+    }
+
+    #[tokio::test]
+    async fn query_id_is_created_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = {
+            let c = open(dir.path()).await.unwrap();
+            c.query_id()
+        };
+        let c = open(dir.path()).await.unwrap();
+        assert_eq!(c.query_id(), id);
+    }
+
+    #[tokio::test]
+    async fn second_open_while_held_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = open(dir.path()).await.unwrap();
+        let err = open(dir.path()).await.unwrap_err();
+        assert!(matches!(err, Error::InUse { .. }), "{err}");
+        assert!(err.to_string().contains("checkpoint in use"), "{err}");
+        drop(_held);
+        open(dir.path()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn offsets_are_create_if_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = open(dir.path()).await.unwrap();
+        c.write_offsets(&OffsetsEntry::new(0, 1, src(5)))
+            .await
+            .unwrap();
+        let err = c
+            .write_offsets(&OffsetsEntry::new(0, 2, src(9)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InUse { .. }), "{err}");
+        // The first write is what stays.
+        assert_eq!(c.offsets(0).await.unwrap().unwrap().batch_timestamp_ms, 1);
+    }
+
+    #[tokio::test]
+    async fn latest_is_by_number_not_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = open(dir.path()).await.unwrap();
+        for n in [2u64, 10, 9] {
+            c.write_offsets(&OffsetsEntry::new(n, 0, src(1)))
+                .await
+                .unwrap();
+        }
+        c.write_commit(&CommitEntry::new(9, Some(3), false))
+            .await
+            .unwrap();
+        assert_eq!(c.latest_offsets().await.unwrap().unwrap().batch_id, 10);
+        assert_eq!(c.latest_commit().await.unwrap().unwrap().batch_id, 9);
+        assert_eq!(c.offset_ids().await.unwrap(), vec![2, 9, 10]);
+    }
+
+    #[tokio::test]
+    async fn corrupt_and_future_files_are_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = open(dir.path()).await.unwrap();
+        std::fs::create_dir_all(dir.path().join("offsets")).unwrap();
+        std::fs::write(dir.path().join("offsets/4"), b"{not json").unwrap();
+        let err = c.latest_offsets().await.unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("offsets/4"), "{err}");
+
+        std::fs::write(
+            dir.path().join("offsets/4"),
+            br#"{"version": 99, "batch_id": 4}"#,
+        )
+        .unwrap();
+        let err = c.latest_offsets().await.unwrap_err();
+        assert!(
+            matches!(err, Error::UnsupportedVersion { found: 99, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("offsets/4"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn inspect_reads_without_the_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            Checkpoint::inspect(dir.path().to_str().unwrap(), &HashMap::new())
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let c = open(dir.path()).await.unwrap();
+        let view = Checkpoint::inspect(dir.path().to_str().unwrap(), &HashMap::new())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(view.metadata().query_id, c.query_id());
+        assert_eq!(view.is_in_use(), Some(true));
+        drop(c);
+        assert_eq!(view.is_in_use(), Some(false));
+    }
+}

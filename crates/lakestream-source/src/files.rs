@@ -1,0 +1,804 @@
+//! The file source: JSON-lines, CSV or Parquet files under a directory or an
+//! object-store prefix.
+//!
+//! Each planned batch takes the files not seen before, ordered by
+//! (modification time, path) and capped by `max_files_per_trigger` and
+//! `max_bytes_per_trigger`. The batch's file list is its end offset, so the
+//! checkpoint's `offsets/N` records exactly which files batch N read; on
+//! restart [`Source::recover`] rebuilds the seen set from those lists, and no
+//! file is read twice or skipped.
+//!
+//! Files are streamed: a file is decoded chunk by chunk as it downloads, and
+//! at most one decoded batch per partition is held at a time. Writers should
+//! put files in place atomically (write elsewhere, then rename or upload in
+//! one request): a half-written file that is listed is read as it is.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{ArrayRef, RecordBatch, new_null_array};
+use arrow::datatypes::{Schema, SchemaRef};
+use async_trait::async_trait;
+use bytes::{Buf, Bytes};
+use futures::stream::{self, BoxStream};
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
+// `ParquetObjectReader` is deprecated in favour of a hand-written
+// `AsyncFileReader`; it still does ranged reads over object_store, which is
+// all this source needs.
+#[allow(deprecated)]
+use parquet::arrow::async_reader::ParquetObjectReader;
+use serde::{Deserialize, Serialize};
+
+use crate::{BatchStream, Error, Offset, Result, Source};
+use lakestream_checkpoint::Location;
+
+/// The encoding of the files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileFormat {
+    /// One JSON object per line.
+    Json,
+    /// Delimited text.
+    Csv {
+        /// Whether the first line of each file is a header.
+        has_header: bool,
+        /// The field delimiter.
+        delimiter: u8,
+    },
+    /// Apache Parquet.
+    Parquet,
+}
+
+impl FileFormat {
+    /// The format for a `STORED AS` name (`JSON`, `NDJSON`, `CSV`, `PARQUET`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_uppercase().as_str() {
+            "JSON" | "NDJSON" | "JSONL" => Some(Self::Json),
+            "CSV" => Some(Self::Csv {
+                has_header: true,
+                delimiter: b',',
+            }),
+            "PARQUET" => Some(Self::Parquet),
+            _ => None,
+        }
+    }
+}
+
+/// Settings of a [`FileSource`].
+#[derive(Debug, Clone)]
+pub struct FileSourceOptions {
+    /// How the files are encoded.
+    pub format: FileFormat,
+    /// At most this many files per batch (`None`: no cap).
+    pub max_files_per_trigger: Option<usize>,
+    /// At most about this many bytes per batch; a batch always takes at least
+    /// one file, even one larger than the cap (`None`: no cap).
+    pub max_bytes_per_trigger: Option<u64>,
+    /// Rows per decoded record batch.
+    pub batch_size: usize,
+}
+
+impl FileSourceOptions {
+    /// Options with no caps and a batch size of 8192 rows.
+    pub fn new(format: FileFormat) -> Self {
+        Self {
+            format,
+            max_files_per_trigger: None,
+            max_bytes_per_trigger: None,
+            batch_size: 8192,
+        }
+    }
+}
+
+/// One file taken by a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Object-store path of the file.
+    pub path: String,
+    /// Size in bytes when listed.
+    pub size: u64,
+    /// Modification time when listed, ms since the epoch.
+    pub mtime_ms: i64,
+}
+
+/// The end offset of a batch of the file source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesOffset {
+    /// Files taken by all batches up to and including this one.
+    pub count: u64,
+    /// The files of this batch, in read order.
+    pub files: Vec<FileEntry>,
+}
+
+#[derive(Debug, Default)]
+struct SeenState {
+    seen: HashSet<String>,
+    frozen: Option<HashSet<String>>,
+}
+
+/// A source of files under one location. See the module docs.
+#[derive(Debug)]
+pub struct FileSource {
+    name: String,
+    location: Location,
+    schema: SchemaRef,
+    options: FileSourceOptions,
+    state: Mutex<SeenState>,
+}
+
+impl FileSource {
+    /// A file source named `name` over `location` (path or URL) producing
+    /// `schema`.
+    pub fn try_new(
+        name: &str,
+        location: &str,
+        store_options: &std::collections::HashMap<String, String>,
+        schema: SchemaRef,
+        options: FileSourceOptions,
+    ) -> Result<Self> {
+        let location =
+            Location::parse(location, store_options).map_err(|source| Error::Location {
+                source_name: name.to_string(),
+                source,
+            })?;
+        Ok(Self {
+            name: name.to_string(),
+            location,
+            schema,
+            options,
+            state: Mutex::new(SeenState::default()),
+        })
+    }
+
+    #[allow(deprecated)]
+    /// Infer a schema from the first file (in read order) under `location`,
+    /// or `None` when there is no file yet.
+    pub async fn infer_schema(
+        name: &str,
+        location: &str,
+        store_options: &std::collections::HashMap<String, String>,
+        format: &FileFormat,
+    ) -> Result<Option<SchemaRef>> {
+        let location =
+            Location::parse(location, store_options).map_err(|source| Error::Location {
+                source_name: name.to_string(),
+                source,
+            })?;
+        let files = list_files(name, &location).await?;
+        let Some(first) = files.first() else {
+            return Ok(None);
+        };
+        let store = location.store().clone();
+        let path = Path::from(first.path.clone());
+        let file = format!("{}", first.path);
+        let malformed = |reason: String| Error::Malformed {
+            source_name: name.to_string(),
+            file: file.clone(),
+            line: None,
+            reason,
+        };
+        let schema = match format {
+            FileFormat::Parquet => {
+                let reader = ParquetObjectReader::new(store, path).with_file_size(first.size);
+                let builder = ParquetRecordBatchStreamBuilder::new(reader)
+                    .await
+                    .map_err(|e| malformed(e.to_string()))?;
+                builder.schema().as_ref().clone()
+            }
+            FileFormat::Json => {
+                let bytes = get_all(name, &store, &path).await?;
+                let (schema, _) = arrow::json::reader::infer_json_schema(
+                    std::io::BufReader::new(bytes.reader()),
+                    Some(1000),
+                )
+                .map_err(|e| malformed(e.to_string()))?;
+                schema
+            }
+            FileFormat::Csv {
+                has_header,
+                delimiter,
+            } => {
+                let bytes = get_all(name, &store, &path).await?;
+                let (schema, _) = arrow::csv::reader::Format::default()
+                    .with_header(*has_header)
+                    .with_delimiter(*delimiter)
+                    .infer_schema(bytes.reader(), Some(1000))
+                    .map_err(|e| malformed(e.to_string()))?;
+                schema
+            }
+        };
+        Ok(Some(Arc::new(schema)))
+    }
+
+    fn parse_offset(&self, offset: &Offset) -> Result<FilesOffset> {
+        serde_json::from_value(offset.clone()).map_err(|e| Error::InvalidOffset {
+            source_name: self.name.clone(),
+            offset: offset.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn file_stream(&self, entry: FileEntry) -> BatchStream {
+        let store = self.location.store().clone();
+        let schema = self.schema.clone();
+        let name = self.name.clone();
+        let format = self.options.format.clone();
+        let batch_size = self.options.batch_size;
+        let fut = async move {
+            match format {
+                FileFormat::Parquet => parquet_stream(name, store, entry, schema, batch_size).await,
+                FileFormat::Json | FileFormat::Csv { .. } => {
+                    text_stream(name, store, entry, schema, format, batch_size).await
+                }
+            }
+        };
+        stream::once(fut).try_flatten().boxed()
+    }
+}
+
+#[async_trait]
+impl Source for FileSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    async fn recover(&self, ends: &[Offset]) -> Result<()> {
+        let mut parsed = Vec::with_capacity(ends.len());
+        for end in ends {
+            parsed.push(self.parse_offset(end)?);
+        }
+        let mut state = self.state.lock().expect("file source state");
+        for end in parsed {
+            state.seen.extend(end.files.into_iter().map(|f| f.path));
+        }
+        Ok(())
+    }
+
+    async fn freeze(&self) -> Result<()> {
+        let files = list_files(&self.name, &self.location).await?;
+        let mut state = self.state.lock().expect("file source state");
+        state.frozen = Some(files.into_iter().map(|f| f.path).collect());
+        Ok(())
+    }
+
+    async fn plan(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
+        let count = match start {
+            Some(s) => self.parse_offset(s)?.count,
+            None => 0,
+        };
+        let listed = list_files(&self.name, &self.location).await?;
+        let mut state = self.state.lock().expect("file source state");
+        let mut taken = Vec::new();
+        let mut bytes = 0u64;
+        for f in listed {
+            if state.seen.contains(&f.path) {
+                continue;
+            }
+            if let Some(frozen) = &state.frozen
+                && !frozen.contains(&f.path)
+            {
+                continue;
+            }
+            if let Some(max) = self.options.max_files_per_trigger
+                && taken.len() >= max
+            {
+                break;
+            }
+            if let Some(max) = self.options.max_bytes_per_trigger
+                && !taken.is_empty()
+                && bytes + f.size > max
+            {
+                break;
+            }
+            bytes += f.size;
+            taken.push(f);
+        }
+        if taken.is_empty() {
+            return Ok(None);
+        }
+        state.seen.extend(taken.iter().map(|f| f.path.clone()));
+        let end = FilesOffset {
+            count: count + taken.len() as u64,
+            files: taken,
+        };
+        Ok(Some(serde_json::to_value(end).expect("offset serializes")))
+    }
+
+    fn read(
+        &self,
+        _start: Option<&Offset>,
+        end: &Offset,
+        partitions: usize,
+    ) -> Result<Vec<BatchStream>> {
+        let end = self.parse_offset(end)?;
+        let partitions = partitions.max(1).min(end.files.len().max(1));
+        let mut groups: Vec<Vec<FileEntry>> = vec![Vec::new(); partitions];
+        // Spread by size so partitions finish together: largest file to the
+        // lightest group.
+        let mut order: Vec<FileEntry> = end.files;
+        order.sort_by(|a, b| b.size.cmp(&a.size).then(a.path.cmp(&b.path)));
+        let mut load = vec![0u64; partitions];
+        for f in order {
+            let i = (0..partitions).min_by_key(|i| load[*i]).unwrap_or(0);
+            load[i] += f.size;
+            groups[i].push(f);
+        }
+        Ok(groups
+            .into_iter()
+            .map(|files| {
+                let streams: Vec<BatchStream> =
+                    files.into_iter().map(|f| self.file_stream(f)).collect();
+                stream::iter(streams).flatten().boxed()
+            })
+            .collect())
+    }
+
+    fn describe(&self, start: Option<&Offset>, end: &Offset) -> String {
+        let from = start
+            .and_then(|s| self.parse_offset(s).ok())
+            .map(|o| o.count)
+            .unwrap_or(0);
+        match self.parse_offset(end) {
+            Ok(e) => format!("files {from}..{}", e.count),
+            Err(_) => "files ?".into(),
+        }
+    }
+}
+
+/// List the readable files under `location` in read order: (modification
+/// time, path). Names starting with `.` or `_` (hidden, temporary, Delta or
+/// Spark metadata) are skipped.
+async fn list_files(name: &str, location: &Location) -> Result<Vec<FileEntry>> {
+    let metas: Vec<ObjectMeta> = match location
+        .store()
+        .list(Some(location.root()))
+        .try_collect()
+        .await
+    {
+        Ok(m) => m,
+        Err(object_store::Error::NotFound { .. }) => Vec::new(),
+        Err(e) => {
+            return Err(Error::Store {
+                source_name: name.to_string(),
+                file: location.url().to_string(),
+                source: e,
+            });
+        }
+    };
+    let root_depth = location.root().parts().count();
+    let mut files: Vec<FileEntry> = metas
+        .into_iter()
+        .filter(|m| {
+            !m.location.parts().skip(root_depth).any(|p| {
+                let p = p.as_ref();
+                p.starts_with('.') || p.starts_with('_')
+            })
+        })
+        .map(|m| FileEntry {
+            path: m.location.to_string(),
+            size: m.size,
+            mtime_ms: m.last_modified.timestamp_millis(),
+        })
+        .collect();
+    files.sort_by(|a, b| a.mtime_ms.cmp(&b.mtime_ms).then(a.path.cmp(&b.path)));
+    Ok(files)
+}
+
+async fn get_all(name: &str, store: &Arc<dyn ObjectStore>, path: &Path) -> Result<Bytes> {
+    let store_err = |e| Error::Store {
+        source_name: name.to_string(),
+        file: path.to_string(),
+        source: e,
+    };
+    store
+        .get(path)
+        .await
+        .map_err(store_err)?
+        .bytes()
+        .await
+        .map_err(store_err)
+}
+
+/// A streaming decoder for line-oriented text formats.
+enum TextDecoder {
+    Json(arrow::json::reader::Decoder),
+    Csv(arrow::csv::reader::Decoder),
+}
+
+impl TextDecoder {
+    fn new(format: &FileFormat, schema: SchemaRef, batch_size: usize) -> Result<Self, String> {
+        Ok(match format {
+            FileFormat::Csv {
+                has_header,
+                delimiter,
+            } => Self::Csv(
+                arrow::csv::ReaderBuilder::new(schema)
+                    .with_header(*has_header)
+                    .with_delimiter(*delimiter)
+                    .with_batch_size(batch_size)
+                    .build_decoder(),
+            ),
+            _ => Self::Json(
+                arrow::json::ReaderBuilder::new(schema)
+                    .with_batch_size(batch_size)
+                    .build_decoder()
+                    .map_err(|e| e.to_string())?,
+            ),
+        })
+    }
+
+    fn decode(&mut self, buf: &[u8]) -> Result<usize, arrow::error::ArrowError> {
+        match self {
+            Self::Json(d) => d.decode(buf),
+            Self::Csv(d) => d.decode(buf),
+        }
+    }
+
+    fn flush(&mut self) -> Result<Option<RecordBatch>, arrow::error::ArrowError> {
+        match self {
+            Self::Json(d) => d.flush(),
+            Self::Csv(d) => d.flush(),
+        }
+    }
+
+    fn is_full(&self, batch_size: usize) -> bool {
+        match self {
+            Self::Json(d) => d.len() >= batch_size,
+            Self::Csv(d) => d.capacity() == 0,
+        }
+    }
+}
+
+struct TextState {
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    entry: FileEntry,
+    schema: SchemaRef,
+    format: FileFormat,
+    decoder: TextDecoder,
+    chunks: BoxStream<'static, object_store::Result<Bytes>>,
+    buf: Bytes,
+    eof: bool,
+    finished: bool,
+    batch_size: usize,
+}
+
+async fn text_stream(
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    entry: FileEntry,
+    schema: SchemaRef,
+    format: FileFormat,
+    batch_size: usize,
+) -> Result<BatchStream> {
+    let path = Path::from(entry.path.clone());
+    let chunks = store
+        .get(&path)
+        .await
+        .map_err(|e| Error::Store {
+            source_name: name.clone(),
+            file: entry.path.clone(),
+            source: e,
+        })?
+        .into_stream();
+    let decoder =
+        TextDecoder::new(&format, schema.clone(), batch_size).map_err(|reason| Error::Schema {
+            source_name: name.clone(),
+            file: entry.path.clone(),
+            reason,
+        })?;
+    let state = TextState {
+        name,
+        store,
+        entry,
+        schema,
+        format,
+        decoder,
+        chunks,
+        buf: Bytes::new(),
+        eof: false,
+        finished: false,
+        batch_size,
+    };
+    Ok(stream::try_unfold(state, next_text_batch).boxed())
+}
+
+async fn next_text_batch(mut st: TextState) -> Result<Option<(RecordBatch, TextState)>> {
+    loop {
+        if st.finished {
+            return Ok(None);
+        }
+        if st.buf.is_empty() && !st.eof {
+            match st.chunks.next().await {
+                Some(Ok(b)) => st.buf = b,
+                Some(Err(e)) => {
+                    return Err(Error::Store {
+                        source_name: st.name.clone(),
+                        file: st.entry.path.clone(),
+                        source: e,
+                    });
+                }
+                None => st.eof = true,
+            }
+        }
+        if st.eof && st.buf.is_empty() {
+            // An empty buffer tells the CSV decoder the last line has ended.
+            let flushed = st.decoder.decode(&[]).and_then(|_| st.decoder.flush());
+            st.finished = true;
+            return match flushed {
+                Ok(Some(b)) if b.num_rows() > 0 => Ok(Some((b, st))),
+                Ok(_) => Ok(None),
+                Err(e) => Err(locate_text_error(ErrCtx::of(&st), e).await),
+            };
+        }
+        let consumed = match st.decoder.decode(&st.buf) {
+            Ok(n) => n,
+            Err(e) => return Err(locate_text_error(ErrCtx::of(&st), e).await),
+        };
+        st.buf.advance(consumed);
+        if st.decoder.is_full(st.batch_size) || (consumed == 0 && !st.buf.is_empty()) {
+            match st.decoder.flush() {
+                Ok(Some(b)) => return Ok(Some((b, st))),
+                Ok(None) => {}
+                Err(e) => return Err(locate_text_error(ErrCtx::of(&st), e).await),
+            }
+        }
+    }
+}
+
+/// Turn a decode error into one naming the line: re-read the file (this is
+/// the error path only) and decode it line by line until one fails.
+struct ErrCtx {
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    path: String,
+    schema: SchemaRef,
+    format: FileFormat,
+}
+
+impl ErrCtx {
+    fn of(st: &TextState) -> Self {
+        Self {
+            name: st.name.clone(),
+            store: st.store.clone(),
+            path: st.entry.path.clone(),
+            schema: st.schema.clone(),
+            format: st.format.clone(),
+        }
+    }
+}
+
+async fn locate_text_error(st: ErrCtx, err: arrow::error::ArrowError) -> Error {
+    let mut line = None;
+    let mut reason = err.to_string();
+    if st.format == FileFormat::Json
+        && let Ok(bytes) = get_all(&st.name, &st.store, &Path::from(st.path.clone())).await
+    {
+        for (i, text) in bytes.split(|b| *b == b'\n').enumerate() {
+            if text.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            }
+            let Ok(mut d) = TextDecoder::new(&st.format, st.schema.clone(), 16) else {
+                break;
+            };
+            if let Err(e) = d.decode(text).and_then(|_| d.flush()) {
+                line = Some(i as u64 + 1);
+                reason = e.to_string();
+                break;
+            }
+        }
+    } else if let Some(l) = csv_line_of(&reason) {
+        line = Some(l);
+    }
+    Error::Malformed {
+        source_name: st.name,
+        file: st.path,
+        line,
+        reason,
+    }
+}
+
+/// arrow-csv reports "... at line N" counting data rows from 1 after the
+/// header; keep that number as it names the line a user looks for.
+fn csv_line_of(reason: &str) -> Option<u64> {
+    let idx = reason.rfind("line ")?;
+    reason[idx + 5..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[allow(deprecated)]
+async fn parquet_stream(
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    entry: FileEntry,
+    schema: SchemaRef,
+    batch_size: usize,
+) -> Result<BatchStream> {
+    let path = Path::from(entry.path.clone());
+    let malformed = |reason: String| Error::Malformed {
+        source_name: name.clone(),
+        file: entry.path.clone(),
+        line: None,
+        reason,
+    };
+    let reader = ParquetObjectReader::new(store, path).with_file_size(entry.size);
+    let builder = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(|e| malformed(e.to_string()))?;
+    let file_schema = builder.schema().clone();
+    let stream = builder
+        .with_batch_size(batch_size)
+        .build()
+        .map_err(|e| malformed(e.to_string()))?;
+    let file = entry.path.clone();
+    Ok(stream
+        .map(move |b| {
+            let b = b.map_err(|e| Error::Malformed {
+                source_name: name.clone(),
+                file: file.clone(),
+                line: None,
+                reason: e.to_string(),
+            })?;
+            conform(&b, &file_schema, &schema).map_err(|reason| Error::Schema {
+                source_name: name.clone(),
+                file: file.clone(),
+                reason,
+            })
+        })
+        .boxed())
+}
+
+/// Project and cast `batch` (with `from` schema) onto `to`, matching columns
+/// by name; a column missing from the file becomes nulls when nullable.
+fn conform(batch: &RecordBatch, from: &Schema, to: &SchemaRef) -> Result<RecordBatch, String> {
+    if from.fields() == to.fields() {
+        return Ok(batch.clone());
+    }
+    let mut cols: Vec<ArrayRef> = Vec::with_capacity(to.fields().len());
+    for field in to.fields() {
+        match from.index_of(field.name()) {
+            Ok(i) => {
+                let col = batch.column(i);
+                if col.data_type() == field.data_type() {
+                    cols.push(col.clone());
+                } else {
+                    cols.push(arrow::compute::cast(col, field.data_type()).map_err(|e| {
+                        format!(
+                            "column {} is {} in the file, cannot be read as {}: {e}",
+                            field.name(),
+                            col.data_type(),
+                            field.data_type()
+                        )
+                    })?);
+                }
+            }
+            Err(_) if field.is_nullable() => {
+                cols.push(new_null_array(field.data_type(), batch.num_rows()))
+            }
+            Err(_) => {
+                return Err(format!(
+                    "column {} is declared NOT NULL but missing from the file",
+                    field.name()
+                ));
+            }
+        }
+    }
+    RecordBatch::try_new(to.clone(), cols).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::{DataType, Field};
+    use std::collections::HashMap;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new("n", DataType::Int64, true),
+        ]))
+    }
+
+    fn source(dir: &std::path::Path, max_files: Option<usize>) -> FileSource {
+        let mut opts = FileSourceOptions::new(FileFormat::Json);
+        opts.max_files_per_trigger = max_files;
+        FileSource::try_new("t", dir.to_str().unwrap(), &HashMap::new(), schema(), opts).unwrap()
+    }
+
+    async fn read_all(src: &FileSource, start: Option<&Offset>, end: &Offset) -> Result<usize> {
+        let mut rows = 0;
+        for s in src.read(start, end, 2)? {
+            let batches: Vec<RecordBatch> = s.try_collect().await?;
+            rows += batches.iter().map(|b| b.num_rows()).sum::<usize>();
+        }
+        Ok(rows)
+    }
+
+    fn write(dir: &std::path::Path, name: &str, lines: usize) {
+        let body: String = (0..lines)
+            .map(|i| format!("{{\"id\": \"{name}-{i}\", \"n\": {i}}}\n"))
+            .collect();
+        std::fs::write(dir.join(name), body).unwrap();
+    }
+
+    #[tokio::test]
+    async fn files_are_taken_once_in_capped_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..5 {
+            write(dir.path(), &format!("f{i}.json"), 3);
+        }
+        std::fs::write(dir.path().join(".hidden"), "junk").unwrap();
+        let src = source(dir.path(), Some(2));
+        let b0 = src.plan(None).await.unwrap().unwrap();
+        assert_eq!(read_all(&src, None, &b0).await.unwrap(), 6);
+        let b1 = src.plan(Some(&b0)).await.unwrap().unwrap();
+        let b2 = src.plan(Some(&b1)).await.unwrap().unwrap();
+        assert_eq!(read_all(&src, Some(&b1), &b2).await.unwrap(), 3);
+        assert!(src.plan(Some(&b2)).await.unwrap().is_none());
+        assert_eq!(src.describe(Some(&b1), &b2), "files 4..5");
+
+        // A restarted source that recovers the planned ends takes nothing again.
+        let again = source(dir.path(), Some(2));
+        again.recover(&[b0, b1, b2.clone()]).await.unwrap();
+        assert!(again.plan(Some(&b2)).await.unwrap().is_none());
+        write(dir.path(), "later.json", 1);
+        let b3 = again.plan(Some(&b2)).await.unwrap().unwrap();
+        assert_eq!(read_all(&again, Some(&b2), &b3).await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn frozen_sources_ignore_files_that_arrive_later() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.json", 1);
+        let src = source(dir.path(), None);
+        src.freeze().await.unwrap();
+        write(dir.path(), "b.json", 1);
+        let b0 = src.plan(None).await.unwrap().unwrap();
+        assert_eq!(read_all(&src, None, &b0).await.unwrap(), 1);
+        assert!(src.plan(Some(&b0)).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn malformed_json_names_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("bad.json"),
+            "{\"id\": \"a\", \"n\": 1}\n{\"id\": \"b\", \"n\": \"x\"}\n",
+        )
+        .unwrap();
+        let src = source(dir.path(), None);
+        let b0 = src.plan(None).await.unwrap().unwrap();
+        let err = read_all(&src, None, &b0).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("bad.json"), "{msg}");
+        assert!(msg.contains("line 2"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn json_schema_is_inferred_from_the_first_file() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.json", 2);
+        let schema = FileSource::infer_schema(
+            "t",
+            dir.path().to_str().unwrap(),
+            &HashMap::new(),
+            &FileFormat::Json,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            schema.field_with_name("n").unwrap().data_type(),
+            &DataType::Int64
+        );
+    }
+}

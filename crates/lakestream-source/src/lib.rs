@@ -1,0 +1,169 @@
+//! Sources of a lakestream query: where micro-batches come from.
+//!
+//! A [`Source`] turns "what is new since the last batch" into an offset range
+//! the engine writes ahead in the checkpoint, then reads exactly that range as
+//! a stream of Arrow record batches, as often as the engine asks (a replay
+//! after a crash reads the same rows again).
+//!
+//! ```text
+//!   recover(planned ends) ─► plan(start) ─► offsets/N written by the engine ─► read(start, end)
+//! ```
+//!
+//! Implementations here:
+//! - [`files::FileSource`]: JSON-lines, CSV or Parquet files under a
+//!   directory or object-store prefix, each file taken once, in
+//!   (modification time, path) order.
+//! - [`generator::GeneratorSource`]: deterministic rows from a seed, for
+//!   demos, tests and benchmarks.
+//!
+//! This crate knows nothing of SQL, DataFusion or the table being written.
+
+pub mod files;
+pub mod generator;
+
+use std::fmt::Debug;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+/// Errors of the sources. Each names the source and the thing that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A record could not be decoded.
+    #[error(
+        "source {source_name}: malformed input in {file}{}: {reason}; fix or remove the file \
+         and restart: the checkpoint still points at this batch",
+        line.map(|l| format!(" at line {l}")).unwrap_or_default()
+    )]
+    Malformed {
+        /// The source's table name.
+        source_name: String,
+        /// The file (URL or path).
+        file: String,
+        /// 1-based line number, when known.
+        line: Option<u64>,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file's columns do not fit the source's schema.
+    #[error("source {source_name}: {file} does not match the declared schema: {reason}")]
+    Schema {
+        /// The source's table name.
+        source_name: String,
+        /// The file.
+        file: String,
+        /// What differs.
+        reason: String,
+    },
+    /// A source option is missing or invalid.
+    #[error("source {source_name}: option {option}: {reason}")]
+    InvalidOption {
+        /// The source's table name.
+        source_name: String,
+        /// The option key.
+        option: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An offset in the checkpoint does not have this source's shape.
+    #[error("source {source_name}: offset {offset} in the checkpoint is not valid: {reason}")]
+    InvalidOffset {
+        /// The source's table name.
+        source_name: String,
+        /// The offending JSON.
+        offset: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// Reading from storage failed.
+    #[error("source {source_name}: cannot read {file}: {source}")]
+    Store {
+        /// The source's table name.
+        source_name: String,
+        /// The file or prefix.
+        file: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// A location could not be resolved.
+    #[error("source {source_name}: {source}")]
+    Location {
+        /// The source's table name.
+        source_name: String,
+        /// The error.
+        #[source]
+        source: lakestream_checkpoint::Error,
+    },
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A stream of record batches from a source.
+pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
+
+/// An offset in a source's own terms, as stored in `offsets/N`.
+pub type Offset = serde_json::Value;
+
+/// A streaming source of record batches.
+///
+/// The engine calls the methods in this order: [`Source::recover`] once with
+/// the ends of every batch planned before, then per batch [`Source::plan`],
+/// (write-ahead in the checkpoint), [`Source::read`] (possibly more than once
+/// for the same range after a failure) and finally [`Source::committed`].
+/// Implementations must be deterministic: `read(start, end)` returns the same
+/// rows every time it is called with the same range.
+#[async_trait]
+pub trait Source: Send + Sync + Debug {
+    /// The table name this source is registered under.
+    fn name(&self) -> &str;
+
+    /// The schema of every batch this source produces.
+    fn schema(&self) -> SchemaRef;
+
+    /// Restore what the source needs to know about batches already planned
+    /// (`ends` holds each planned batch's end offset, in batch order). Called
+    /// once before the first [`Source::plan`]. An error means the checkpoint
+    /// does not belong to this source.
+    async fn recover(&self, ends: &[Offset]) -> Result<()>;
+
+    /// Fix the data that `available-now` processes: after this, [`Source::plan`]
+    /// never goes past what is available at this moment.
+    async fn freeze(&self) -> Result<()>;
+
+    /// The end of the next batch starting at `start` (the previous batch's
+    /// end, `None` before the first batch), capped by the source's per-trigger
+    /// limits; `None` when nothing new is available. The source may consider
+    /// the returned range taken: the engine writes it ahead before reading.
+    /// Errors are retryable (listing or metadata failures).
+    async fn plan(&self, start: Option<&Offset>) -> Result<Option<Offset>>;
+
+    /// Read exactly `(start, end]` as up to `partitions` independent streams
+    /// (their union is the range; order across streams is unspecified).
+    /// Streams do no work until polled.
+    fn read(
+        &self,
+        start: Option<&Offset>,
+        end: &Offset,
+        partitions: usize,
+    ) -> Result<Vec<BatchStream>>;
+
+    /// A short human description of a range for progress output, such as
+    /// "files 10..12" or "rows 1000..2000".
+    fn describe(&self, start: Option<&Offset>, end: &Offset) -> String;
+
+    /// Number of input rows or records in `(start, end]` when known without
+    /// reading (the generator knows, files do not).
+    fn count_hint(&self, _start: Option<&Offset>, _end: &Offset) -> Option<u64> {
+        None
+    }
+
+    /// Called after batch `end` is durably in the table. The default does
+    /// nothing; sources may release resources. Errors are logged, not fatal.
+    async fn committed(&self, _end: &Offset) -> Result<()> {
+        Ok(())
+    }
+}
