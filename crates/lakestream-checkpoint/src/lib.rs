@@ -188,7 +188,7 @@ pub struct CommitEntry {
     pub batch_id: u64,
     /// The table version holding the batch, when the sink has versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub table_version: Option<i64>,
+    pub table_version: Option<u64>,
     /// True when the table already held the batch and nothing was written.
     #[serde(default)]
     pub skipped: bool,
@@ -198,7 +198,7 @@ pub struct CommitEntry {
 
 impl CommitEntry {
     /// A new entry at the current format version, stamped now.
-    pub fn new(batch_id: u64, table_version: Option<i64>, skipped: bool) -> Self {
+    pub fn new(batch_id: u64, table_version: Option<u64>, skipped: bool) -> Self {
         Self {
             version: FORMAT_VERSION,
             batch_id,

@@ -1,1 +1,177 @@
-//! placeholder
+//! Sinks of a lakestream query: where each micro-batch's output goes, at most
+//! once per batch id.
+//!
+//! A [`Sink`] writes a batch in two steps. [`Sink::begin`] returns a
+//! [`BatchWriter`] that streams record batches into new, invisible files;
+//! [`Sink::commit`] then makes them visible in one atomic step that also
+//! records the batch id, unless the sink already holds that batch id for this
+//! query, in which case nothing is committed ([`CommitOutcome::AlreadyCommitted`]).
+//!
+//! ```text
+//!   begin(N) ─► write(batch)* ─► finish() ─► commit(staged, N)
+//!                (files, invisible)             (one Delta commit: adds + txn(query id, N))
+//! ```
+//!
+//! The sink sees a batch id and record batches, never source offsets; it
+//! never retries on its own beyond Delta's optimistic-concurrency rebase.
+//!
+//! Implementation here: [`delta::DeltaSink`] (Delta Lake through delta-rs).
+
+pub mod delta;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+
+/// Errors of the sinks.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The query's output does not fit the existing table.
+    #[error(
+        "table {table}: the query's output does not match the table's schema: {reason}; \
+         change the query, or write to a new table"
+    )]
+    SchemaMismatch {
+        /// The table location.
+        table: String,
+        /// What differs.
+        reason: String,
+    },
+    /// The sink was configured wrongly.
+    #[error("table {table}: {reason}")]
+    InvalidConfig {
+        /// The table location.
+        table: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Writing data files failed.
+    #[error("table {table}: writing batch {batch_id} failed: {source}")]
+    Write {
+        /// The table location.
+        table: String,
+        /// The batch id.
+        batch_id: u64,
+        /// The underlying error.
+        #[source]
+        source: deltalake::DeltaTableError,
+    },
+    /// The atomic commit failed; the batch is not in the table and may be
+    /// retried.
+    #[error("table {table}: committing batch {batch_id} failed: {source}")]
+    Commit {
+        /// The table location.
+        table: String,
+        /// The batch id.
+        batch_id: u64,
+        /// The underlying error.
+        #[source]
+        source: deltalake::DeltaTableError,
+    },
+    /// Opening, creating or reading the table failed.
+    #[error("table {table}: {source}")]
+    Table {
+        /// The table location.
+        table: String,
+        /// The underlying error.
+        #[source]
+        source: deltalake::DeltaTableError,
+    },
+    /// A location could not be resolved.
+    #[error("sink: {0}")]
+    Location(#[from] lakestream_checkpoint::Error),
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a commit carries besides the data: who commits which batch.
+#[derive(Debug, Clone)]
+pub struct CommitInfo {
+    /// The query id: the table's transaction app id.
+    pub query_id: String,
+    /// The batch id: the transaction version.
+    pub batch_id: u64,
+    /// Extra metadata recorded with the commit (source ranges, engine
+    /// version), as a JSON object.
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Files written for a batch, not yet visible.
+#[derive(Debug)]
+pub struct Staged {
+    /// The batch id they belong to.
+    pub batch_id: u64,
+    /// Rows written.
+    pub rows: u64,
+    /// Files written.
+    pub files: usize,
+    /// Bytes written.
+    pub bytes: u64,
+    actions: Vec<deltalake::kernel::Action>,
+}
+
+/// The result of [`Sink::commit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// The batch is now in the table, at this table version.
+    Committed {
+        /// The new table version.
+        version: u64,
+    },
+    /// The table already held this batch id for this query (a replay after a
+    /// crash); the staged files were not committed and are orphans.
+    AlreadyCommitted {
+        /// The table version seen.
+        version: u64,
+    },
+}
+
+impl CommitOutcome {
+    /// The table version after the call.
+    pub fn version(&self) -> u64 {
+        match self {
+            Self::Committed { version } | Self::AlreadyCommitted { version } => *version,
+        }
+    }
+}
+
+/// Streams one batch's output into new files.
+#[async_trait]
+pub trait BatchWriter: Send {
+    /// Write one record batch (with the schema given to [`Sink::open`]).
+    /// An error leaves the batch unusable: drop the writer; nothing is
+    /// visible.
+    async fn write(&mut self, batch: RecordBatch) -> Result<()>;
+
+    /// Close the files. They stay invisible until [`Sink::commit`].
+    async fn finish(self: Box<Self>) -> Result<Staged>;
+}
+
+/// A sink whose commit is idempotent per (query id, batch id).
+#[async_trait]
+pub trait Sink: Send + Sync {
+    /// Prepare for output with `schema`: create the target when absent, or
+    /// check that it accepts this schema ([`Error::SchemaMismatch`] if not).
+    /// Called once before any batch; writes nothing when it fails.
+    async fn open(&self, schema: SchemaRef) -> Result<()>;
+
+    /// The highest batch id committed by `query_id`, if any. Reads the latest
+    /// table state.
+    async fn committed_batch(&self, query_id: &str) -> Result<Option<u64>>;
+
+    /// Start writing batch `batch_id`.
+    async fn begin(&self, batch_id: u64) -> Result<Box<dyn BatchWriter>>;
+
+    /// Atomically make `staged` visible, recording `info.batch_id` for
+    /// `info.query_id`. If the table already holds a batch id `>=` this one
+    /// for the query, commits nothing and returns
+    /// [`CommitOutcome::AlreadyCommitted`]. Durable when it returns `Ok`. An
+    /// error means the batch is not in the table; re-running it is safe.
+    async fn commit(&self, staged: Staged, info: &CommitInfo) -> Result<CommitOutcome>;
+
+    /// The current table version, if the sink has versions.
+    async fn version(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+}

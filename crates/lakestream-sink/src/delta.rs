@@ -1,0 +1,446 @@
+//! The Delta Lake sink, through delta-rs.
+//!
+//! Each batch is one Delta commit holding the batch's `add` actions (with
+//! file statistics), a `txn` action `(appId = query id, version = batch id)`
+//! and a `commitInfo` with the operation `STREAMING UPDATE` and lakestream's
+//! metadata (batch id, source ranges). Before committing, the sink reads the
+//! table's txn version for the query: when it is already `>=` the batch id,
+//! the batch was committed before a crash and is skipped. delta-rs does not
+//! enforce monotonic txn versions, so this check is made on every commit, and
+//! again after a commit conflict.
+//!
+//! Data files stream out through delta-rs's `RecordBatchWriter`: Parquet
+//! files roll at the target file size, so memory is bounded by the open
+//! files, not by the batch or the table.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use async_trait::async_trait;
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
+use deltalake::kernel::{Action, StructType, Transaction};
+use deltalake::protocol::{DeltaOperation, OutputMode, SaveMode};
+use deltalake::writer::{DeltaWriter, RecordBatchWriter};
+use deltalake::{DeltaTable, DeltaTableError};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use tokio::sync::Mutex;
+
+use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged};
+use lakestream_checkpoint::Location;
+
+/// Default target size of a data file: 128 MiB.
+pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
+
+/// Settings of a [`DeltaSink`].
+#[derive(Debug, Clone)]
+pub struct DeltaSinkOptions {
+    /// Partition columns used when the table is created; when the table
+    /// exists they must match its partitioning (empty: accept the table's).
+    pub partition_columns: Vec<String>,
+    /// Roll to a new data file past this many bytes.
+    pub target_file_size: u64,
+    /// Parquet compression of data files.
+    pub compression: Compression,
+    /// Storage options passed to delta-rs and object_store.
+    pub storage_options: HashMap<String, String>,
+}
+
+impl Default for DeltaSinkOptions {
+    fn default() -> Self {
+        Self {
+            partition_columns: Vec::new(),
+            target_file_size: DEFAULT_TARGET_FILE_SIZE,
+            compression: Compression::SNAPPY,
+            storage_options: HashMap::new(),
+        }
+    }
+}
+
+impl DeltaSinkOptions {
+    /// Parse a compression name (`snappy`, `zstd`, `none`, ...).
+    pub fn parse_compression(name: &str) -> Option<Compression> {
+        match name.to_ascii_lowercase().as_str() {
+            "snappy" => Some(Compression::SNAPPY),
+            "zstd" => Some(Compression::ZSTD(ZstdLevel::default())),
+            "none" | "uncompressed" => Some(Compression::UNCOMPRESSED),
+            "lz4" => Some(Compression::LZ4_RAW),
+            _ => None,
+        }
+    }
+}
+
+/// A Delta table as the sink of a query.
+#[derive(Debug)]
+pub struct DeltaSink {
+    name: String,
+    location: Location,
+    options: DeltaSinkOptions,
+    table: Mutex<Option<DeltaTable>>,
+}
+
+impl DeltaSink {
+    /// A sink writing to the Delta table at `location` (path or URL).
+    /// Nothing is read or created until [`Sink::open`].
+    pub fn try_new(location: &str, options: DeltaSinkOptions) -> Result<Self> {
+        let location = Location::parse(location, &options.storage_options)?;
+        Ok(Self {
+            name: location.url().to_string(),
+            location,
+            options,
+            table: Mutex::new(None),
+        })
+    }
+
+    /// The table's URL.
+    pub fn url(&self) -> &url::Url {
+        self.location.url()
+    }
+
+    fn table_err(&self, source: DeltaTableError) -> Error {
+        Error::Table {
+            table: self.name.clone(),
+            source,
+        }
+    }
+
+    async fn load(&self) -> Result<DeltaTable> {
+        self.location.ensure_local_dir()?;
+        DeltaTable::try_from_url_with_storage_options(
+            self.location.url().clone(),
+            self.options.storage_options.clone(),
+        )
+        .await
+        .map_err(|e| self.table_err(e))
+    }
+
+    /// Refresh the cached table to its latest version and run `f` on it.
+    async fn with_latest<T>(&self, f: impl FnOnce(&DeltaTable) -> T) -> Result<T> {
+        let mut guard = self.table.lock().await;
+        let table = match guard.as_mut() {
+            Some(t) => t,
+            None => guard.insert(self.load().await?),
+        };
+        if table.version().is_some() {
+            table.update_state().await.map_err(|e| self.table_err(e))?;
+        } else {
+            table.load().await.map_err(|e| self.table_err(e))?;
+        }
+        Ok(f(table))
+    }
+
+    async fn txn_version(&self, table: &DeltaTable, query_id: &str) -> Result<Option<i64>> {
+        let state = table.snapshot().map_err(|e| self.table_err(e))?;
+        state
+            .transaction_version(table.log_store().as_ref(), query_id)
+            .await
+            .map_err(|e| self.table_err(e))
+    }
+}
+
+/// The schema lakestream writes for a query output: Delta's types (UTC
+/// microsecond timestamps, plain strings and binaries) and every column
+/// nullable, so any reader opens the table.
+///
+/// A timestamp without a time zone is taken as UTC.
+pub fn delta_schema(schema: &Schema) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| Field::new(f.name(), delta_type(f.data_type()), true))
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+fn delta_type(t: &DataType) -> DataType {
+    match t {
+        DataType::Timestamp(_, _) => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+        DataType::Date64 => DataType::Date32,
+        DataType::UInt8 => DataType::Int16,
+        DataType::UInt16 => DataType::Int32,
+        DataType::UInt32 | DataType::UInt64 => DataType::Int64,
+        DataType::Float16 => DataType::Float32,
+        DataType::Dictionary(_, v) => delta_type(v),
+        DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) => DataType::List(
+            Arc::new(Field::new(f.name(), delta_type(f.data_type()), true)),
+        ),
+        DataType::Struct(fields) => DataType::Struct(
+            fields
+                .iter()
+                .map(|f| Field::new(f.name(), delta_type(f.data_type()), true))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Cast `batch` onto `schema` (same column order), as [`delta_schema`] maps
+/// types.
+pub fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
+    if batch.schema().fields() == schema.fields() {
+        return Ok(batch.clone());
+    }
+    let cols = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                arrow::compute::cast(c, f.data_type())
+                    .map_err(|e| format!("column {}: {e}", f.name()))
+            }
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())
+}
+
+fn describe_schema(s: &Schema) -> String {
+    s.fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[async_trait]
+impl Sink for DeltaSink {
+    async fn open(&self, schema: SchemaRef) -> Result<()> {
+        let wanted = delta_schema(&schema);
+        for p in &self.options.partition_columns {
+            if wanted.index_of(p).is_err() {
+                return Err(Error::InvalidConfig {
+                    table: self.name.clone(),
+                    reason: format!(
+                        "partition column {p} is not in the query's output ({})",
+                        describe_schema(&wanted)
+                    ),
+                });
+            }
+        }
+        let mut guard = self.table.lock().await;
+        let table = self.load().await?;
+        let table = if table.version().is_none() {
+            let kernel: StructType =
+                wanted
+                    .as_ref()
+                    .try_into_kernel()
+                    .map_err(|e| Error::InvalidConfig {
+                        table: self.name.clone(),
+                        reason: format!("the query's output cannot be a Delta schema: {e}"),
+                    })?;
+            let created = table
+                .create()
+                .with_columns(kernel.fields().cloned())
+                .with_partition_columns(self.options.partition_columns.clone())
+                .with_save_mode(SaveMode::Ignore)
+                .await;
+            match created {
+                Ok(t) => t,
+                // Created by someone else meanwhile: check it like any table.
+                Err(_) => self.load().await?,
+            }
+        } else {
+            table
+        };
+        let state = table.snapshot().map_err(|e| self.table_err(e))?;
+        let existing = state.snapshot().arrow_schema();
+        let have = delta_schema(&existing);
+        if have.fields().len() != wanted.fields().len()
+            || have
+                .fields()
+                .iter()
+                .zip(wanted.fields())
+                .any(|(a, b)| a.name() != b.name() || a.data_type() != b.data_type())
+        {
+            return Err(Error::SchemaMismatch {
+                table: self.name.clone(),
+                reason: format!(
+                    "the table has ({}), the query produces ({})",
+                    describe_schema(&have),
+                    describe_schema(&wanted)
+                ),
+            });
+        }
+        let parts: Vec<String> = state.metadata().partition_columns().to_vec();
+        if !self.options.partition_columns.is_empty() && parts != self.options.partition_columns {
+            return Err(Error::SchemaMismatch {
+                table: self.name.clone(),
+                reason: format!(
+                    "the table is partitioned by ({}), the job asks for ({})",
+                    parts.join(", "),
+                    self.options.partition_columns.join(", ")
+                ),
+            });
+        }
+        *guard = Some(table);
+        Ok(())
+    }
+
+    async fn committed_batch(&self, query_id: &str) -> Result<Option<u64>> {
+        let mut guard = self.table.lock().await;
+        let table = match guard.as_mut() {
+            Some(t) => t,
+            None => guard.insert(self.load().await?),
+        };
+        if table.version().is_none() {
+            return Ok(None);
+        }
+        table.update_state().await.map_err(|e| self.table_err(e))?;
+        Ok(self
+            .txn_version(table, query_id)
+            .await?
+            .and_then(|v| u64::try_from(v).ok()))
+    }
+
+    async fn begin(&self, batch_id: u64) -> Result<Box<dyn BatchWriter>> {
+        let guard = self.table.lock().await;
+        let table = guard.as_ref().ok_or_else(|| Error::InvalidConfig {
+            table: self.name.clone(),
+            reason: "the sink was not opened".into(),
+        })?;
+        let props = WriterProperties::builder()
+            .set_compression(self.options.compression)
+            .build();
+        let writer = RecordBatchWriter::for_table(table)
+            .map_err(|e| Error::Write {
+                table: self.name.clone(),
+                batch_id,
+                source: e,
+            })?
+            .with_writer_properties(props)
+            .with_target_file_size(self.options.target_file_size);
+        let schema = delta_schema(
+            &table
+                .snapshot()
+                .map_err(|e| self.table_err(e))?
+                .snapshot()
+                .arrow_schema(),
+        );
+        Ok(Box::new(DeltaBatchWriter {
+            table: self.name.clone(),
+            batch_id,
+            schema,
+            writer,
+            rows: 0,
+        }))
+    }
+
+    async fn commit(&self, staged: Staged, info: &CommitInfo) -> Result<CommitOutcome> {
+        let mut guard = self.table.lock().await;
+        let table = guard.as_mut().ok_or_else(|| Error::InvalidConfig {
+            table: self.name.clone(),
+            reason: "the sink was not opened".into(),
+        })?;
+        table.update_state().await.map_err(|e| self.table_err(e))?;
+        let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
+        if let Some(v) = self.txn_version(table, &info.query_id).await?
+            && v >= batch
+        {
+            return Ok(CommitOutcome::AlreadyCommitted {
+                version: table.version().unwrap_or_default(),
+            });
+        }
+        let mut meta = info.metadata.clone();
+        meta.insert("batchId".into(), serde_json::json!(info.batch_id));
+        meta.insert("queryId".into(), serde_json::json!(info.query_id));
+        let props = CommitProperties::default()
+            .with_application_transaction(Transaction::new(&info.query_id, batch))
+            .with_metadata([("lakestream".to_string(), serde_json::Value::Object(meta))]);
+        let operation = DeltaOperation::StreamingUpdate {
+            output_mode: OutputMode::Append,
+            query_id: info.query_id.clone(),
+            epoch_id: batch,
+        };
+        let state = table.snapshot().map_err(|e| self.table_err(e))?;
+        let result = CommitBuilder::from(props)
+            .with_actions(staged.actions)
+            .build(Some(state), table.log_store(), operation)
+            .await;
+        match result {
+            Ok(done) => {
+                let version = done.version();
+                table.update_state().await.map_err(|e| self.table_err(e))?;
+                Ok(CommitOutcome::Committed { version })
+            }
+            Err(err) => {
+                // A conflict on our own app id means another attempt of this
+                // query committed first: if it holds this batch, we are done.
+                let conflict = matches!(
+                    &err,
+                    DeltaTableError::Transaction {
+                        source: TransactionError::CommitConflict(_)
+                    }
+                );
+                if conflict {
+                    table.update_state().await.map_err(|e| self.table_err(e))?;
+                    if let Some(v) = self.txn_version(table, &info.query_id).await?
+                        && v >= batch
+                    {
+                        return Ok(CommitOutcome::AlreadyCommitted {
+                            version: table.version().unwrap_or_default(),
+                        });
+                    }
+                }
+                Err(Error::Commit {
+                    table: self.name.clone(),
+                    batch_id: info.batch_id,
+                    source: err,
+                })
+            }
+        }
+    }
+
+    async fn version(&self) -> Result<Option<u64>> {
+        self.with_latest(|t| t.version()).await
+    }
+}
+
+struct DeltaBatchWriter {
+    table: String,
+    batch_id: u64,
+    schema: SchemaRef,
+    writer: RecordBatchWriter,
+    rows: u64,
+}
+
+#[async_trait]
+impl BatchWriter for DeltaBatchWriter {
+    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let batch = cast_batch(&batch, &self.schema).map_err(|reason| Error::SchemaMismatch {
+            table: self.table.clone(),
+            reason,
+        })?;
+        self.rows += batch.num_rows() as u64;
+        self.writer.write(batch).await.map_err(|e| Error::Write {
+            table: self.table.clone(),
+            batch_id: self.batch_id,
+            source: e,
+        })
+    }
+
+    async fn finish(mut self: Box<Self>) -> Result<Staged> {
+        let adds = self.writer.flush().await.map_err(|e| Error::Write {
+            table: self.table.clone(),
+            batch_id: self.batch_id,
+            source: e,
+        })?;
+        let bytes = adds.iter().map(|a| a.size.max(0) as u64).sum();
+        Ok(Staged {
+            batch_id: self.batch_id,
+            rows: self.rows,
+            files: adds.len(),
+            bytes,
+            actions: adds.into_iter().map(Action::Add).collect(),
+        })
+    }
+}
