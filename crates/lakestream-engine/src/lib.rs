@@ -1,1 +1,195 @@
-//! placeholder
+//! The lakestream engine: runs a streaming query one micro-batch at a time,
+//! exactly once, and is the public API boundary of the library.
+//!
+//! ```text
+//!  sources ──plan──► offsets/N ──► DataFusion plan over the batch ──► sink files
+//!     ▲                (write-ahead)                                     │
+//!     └── recover ◄── checkpoint ◄── commits/N ◄── one Delta commit (txn = N)
+//! ```
+//!
+//! Build a query with [`QueryBuilder`] (sources, SQL or a DataFrame, a sink,
+//! a checkpoint, a trigger), or from a SQL job file with [`job::load_job`];
+//! [`QueryBuilder::start`] returns a [`QueryHandle`] to watch progress, stop
+//! gracefully and await the end. Only the engine decides retries and order:
+//! sources plan and read, sinks write and commit, the checkpoint records.
+
+pub mod job;
+mod progress;
+mod provider;
+mod query;
+
+use std::time::Duration;
+
+pub use progress::{BatchProgress, Durations, SourceProgress};
+pub use query::{QueryBuilder, QueryHandle, QuerySummary};
+
+pub use lakestream_checkpoint as checkpoint;
+pub use lakestream_plan as plan;
+pub use lakestream_sink as sink;
+pub use lakestream_source as source;
+
+/// Errors of a running query. Each says what failed and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The checkpoint log failed or refused (in use, corrupt, unknown version).
+    #[error(transparent)]
+    Checkpoint(#[from] lakestream_checkpoint::Error),
+    /// A source failed: malformed input, missing file, bad option.
+    #[error(transparent)]
+    Source(#[from] lakestream_source::Error),
+    /// The sink failed: schema mismatch, write or commit error.
+    #[error(transparent)]
+    Sink(#[from] lakestream_sink::Error),
+    /// The job file is invalid.
+    #[error(transparent)]
+    Job(#[from] lakestream_plan::Error),
+    /// The query is not valid or cannot be planned.
+    #[error("query: {0}")]
+    Query(String),
+    /// DataFusion failed while running batch `batch_id`.
+    #[error("batch {batch_id}: query execution failed: {message}")]
+    Execution {
+        /// The batch id.
+        batch_id: u64,
+        /// DataFusion's message.
+        message: String,
+    },
+    /// A test fail point fired (see [`FailPoint`]).
+    #[error("fail point {point:?} fired at batch {batch_id}")]
+    InjectedFault {
+        /// Which point.
+        point: FailPoint,
+        /// The batch id.
+        batch_id: u64,
+    },
+    /// The query was aborted before it finished.
+    #[error("the query was aborted")]
+    Aborted,
+}
+
+impl Error {
+    /// True when the error is the checkpoint being held by another process.
+    pub fn is_checkpoint_in_use(&self) -> bool {
+        matches!(
+            self,
+            Error::Checkpoint(lakestream_checkpoint::Error::InUse { .. })
+        )
+    }
+
+    /// True when the error is in the job or query itself (fix the job, not
+    /// the environment).
+    pub fn is_user_error(&self) -> bool {
+        matches!(
+            self,
+            Error::Job(_)
+                | Error::Query(_)
+                | Error::Sink(lakestream_sink::Error::SchemaMismatch { .. })
+                | Error::Sink(lakestream_sink::Error::InvalidConfig { .. })
+                | Error::Source(lakestream_source::Error::InvalidOption { .. })
+        )
+    }
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// When batches run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Trigger {
+    /// The next batch starts as soon as the previous one ends and new data
+    /// is there, polling every `poll` while idle.
+    #[default]
+    Continuous,
+    /// A batch starts every interval, when there is new data.
+    Interval(Duration),
+    /// Take what is available at start, in bounded batches, then stop.
+    AvailableNow,
+    /// Run one batch (per-trigger caps apply), then stop.
+    Once,
+}
+
+impl std::str::FromStr for Trigger {
+    type Err = String;
+
+    /// `available-now`, `once`, `continuous`, or an interval such as `10s`,
+    /// `500ms`, `2m`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "available-now" | "availableNow" | "available_now" => Ok(Trigger::AvailableNow),
+            "once" => Ok(Trigger::Once),
+            "continuous" => Ok(Trigger::Continuous),
+            _ => parse_duration(s).map(Trigger::Interval).ok_or_else(|| {
+                format!(
+                    "invalid trigger {s:?}: use an interval like 10s, 500ms or 2m, \
+                     `available-now` or `once`"
+                )
+            }),
+        }
+    }
+}
+
+/// Parse `500ms`, `10s`, `2m`, `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    (secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
+/// Points in the batch protocol where tests inject a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailPoint {
+    /// After `offsets/N` is written, before anything is read.
+    AfterWriteAhead,
+    /// After the batch's data files are written, before the table commit.
+    AfterFiles,
+    /// After the table commit, before `commits/N`.
+    AfterCommit,
+}
+
+impl std::str::FromStr for FailPoint {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "after-write-ahead" => Ok(Self::AfterWriteAhead),
+            "after-files" => Ok(Self::AfterFiles),
+            "after-commit" => Ok(Self::AfterCommit),
+            _ => Err(format!(
+                "unknown fail point {s:?} (after-write-ahead, after-files, after-commit)"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn triggers_parse() {
+        assert_eq!(
+            "available-now".parse::<Trigger>(),
+            Ok(Trigger::AvailableNow)
+        );
+        assert_eq!(
+            "10s".parse::<Trigger>(),
+            Ok(Trigger::Interval(Duration::from_secs(10)))
+        );
+        assert_eq!(
+            "250ms".parse::<Trigger>(),
+            Ok(Trigger::Interval(Duration::from_millis(250)))
+        );
+        assert!("soon".parse::<Trigger>().is_err());
+    }
+}

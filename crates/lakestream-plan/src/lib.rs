@@ -412,6 +412,18 @@ pub fn check_streaming_plan(
     plan: &LogicalPlan,
     is_stream: &dyn Fn(&str) -> bool,
 ) -> Result<()> {
+    match streaming_plan_problem(plan, is_stream) {
+        Some(msg) => Err(job.error(job.insert.pos, msg)),
+        None => Ok(()),
+    }
+}
+
+/// What makes `plan` unfit for stateless micro-batches, if anything (see
+/// [`check_streaming_plan`]).
+pub fn streaming_plan_problem(
+    plan: &LogicalPlan,
+    is_stream: &dyn Fn(&str) -> bool,
+) -> Option<String> {
     fn streams_in(plan: &LogicalPlan, is_stream: &dyn Fn(&str) -> bool) -> Vec<String> {
         let mut found = Vec::new();
         let _ = plan.apply(|node| {
@@ -464,10 +476,7 @@ pub fn check_streaming_plan(
         }
         Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
     });
-    match problem {
-        Some(msg) => Err(job.error(job.insert.pos, msg)),
-        None => Ok(()),
-    }
+    problem
 }
 
 #[cfg(test)]

@@ -1,0 +1,498 @@
+//! Loading a SQL job file into a [`QueryBuilder`].
+//!
+//! Tables declared `UNBOUNDED` become sources, the `INSERT` target becomes
+//! the Delta sink, other tables are static and loaded once at job start.
+//! Every option is checked here, before any batch runs; an unknown option is
+//! an error (a typo must not silently change a job's meaning).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::datasource::MemTable;
+use lakestream_plan::{Job, TableDecl};
+use lakestream_sink::delta::{DeltaSink, DeltaSinkOptions, delta_schema};
+use lakestream_source::Source;
+use lakestream_source::files::{FileFormat, FileSource, FileSourceOptions};
+use lakestream_source::generator::{GeneratorOptions, GeneratorSource};
+
+use crate::{Error, FailPoint, QueryBuilder, Result, Trigger};
+
+/// How to run a job file.
+#[derive(Debug, Clone)]
+pub struct JobOptions {
+    /// The checkpoint location.
+    pub checkpoint: String,
+    /// The trigger.
+    pub trigger: Trigger,
+    /// Storage options applied to every location of the job.
+    pub storage_options: HashMap<String, String>,
+    /// A test fail point.
+    pub fail_point: Option<(FailPoint, u64)>,
+}
+
+/// Options of a streaming file table.
+const FILE_OPTIONS: &[&str] = &[
+    "max_files_per_trigger",
+    "max_bytes_per_trigger",
+    "batch_size",
+    "has_header",
+    "format.has_header",
+    "delimiter",
+    "format.delimiter",
+];
+/// Options of a generator table.
+const GENERATOR_OPTIONS: &[&str] = &[
+    "rows",
+    "rows_per_second",
+    "seed",
+    "max_rows_per_trigger",
+    "batch_size",
+];
+/// Options of the Delta output table.
+const DELTA_SINK_OPTIONS: &[&str] = &["target_file_size", "compression"];
+
+/// Parse the job in `text` (named `file` in errors) and build its query.
+pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<QueryBuilder> {
+    let job = lakestream_plan::parse_job(file, text).await?;
+    let mut builder = QueryBuilder::new()
+        .checkpoint(options.checkpoint.clone())
+        .checkpoint_options(options.storage_options.clone())
+        .trigger(options.trigger);
+    if let Some((p, n)) = options.fail_point {
+        builder = builder.fail_point(p, n);
+    }
+    for stmt in &job.settings {
+        let ctx = builder.context();
+        let plan = ctx
+            .state()
+            .statement_to_plan(stmt.clone())
+            .await
+            .map_err(|e| Error::Query(e.strip_backtrace()))?;
+        ctx.execute_logical_plan(plan)
+            .await
+            .map_err(|e| Error::Query(e.strip_backtrace()))?;
+    }
+    let mut sink = None;
+    for t in &job.tables {
+        let is_target = t.name.eq_ignore_ascii_case(&job.insert.target);
+        if is_target {
+            sink = Some(delta_sink(&job, t, &options.storage_options)?);
+        } else if t.unbounded {
+            let source = stream_source(&job, t, options).await?;
+            builder = builder.source(source)?;
+        } else {
+            builder = register_static(&job, t, builder, &options.storage_options).await?;
+        }
+    }
+    let plan = builder
+        .context()
+        .state()
+        .statement_to_plan(job.insert.query.clone())
+        .await
+        .map_err(|e| {
+            job.error(
+                lakestream_plan::pos_of(&e).unwrap_or(job.insert.pos),
+                e.strip_backtrace(),
+            )
+        })?;
+    let target = job.table(&job.insert.target).expect("checked by parse_job");
+    if let Some(declared) = &target.schema {
+        let out: Schema = plan.schema().as_arrow().clone();
+        let out = if job.insert.columns.is_empty() {
+            out
+        } else {
+            Schema::new(
+                out.fields()
+                    .iter()
+                    .zip(&job.insert.columns)
+                    .map(|(f, n)| Field::new(n, f.data_type().clone(), true))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let (a, b) = (delta_schema(declared), delta_schema(&out));
+        if a != b {
+            return Err(job
+                .error(
+                    job.insert.pos,
+                    format!(
+                        "the query produces ({}) but {} declares ({})",
+                        describe(&b),
+                        target.name,
+                        describe(&a)
+                    ),
+                )
+                .into());
+        }
+    }
+    Ok(builder
+        .output_columns(job.insert.columns.clone())
+        .logical_plan(plan)
+        .sink(sink.expect("the target is declared"))
+        .with_job(job))
+}
+
+fn describe(s: &Schema) -> String {
+    s.fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn check_options(job: &Job, t: &TableDecl, allowed: &[&str]) -> Result<()> {
+    for key in t.options.keys() {
+        if !allowed.contains(&key.as_str()) && !key.starts_with("aws.") {
+            return Err(job
+                .error(
+                    t.pos,
+                    format!(
+                        "unknown option {key:?} for table {} (STORED AS {}); valid options: {}",
+                        t.name,
+                        t.format,
+                        allowed.join(", ")
+                    ),
+                )
+                .into());
+        }
+    }
+    Ok(())
+}
+
+fn opt_num(job: &Job, t: &TableDecl, key: &str) -> Result<Option<u64>> {
+    match t.options.get(key) {
+        None => Ok(None),
+        Some(v) => parse_size(v).map(Some).ok_or_else(|| {
+            job.error(
+                t.pos,
+                format!(
+                    "option {key} of table {} must be a number, got {v:?}",
+                    t.name
+                ),
+            )
+            .into()
+        }),
+    }
+}
+
+/// `1000`, `64MB`, `1GiB`, `128k` ...
+fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (n, unit) = v.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+fn store_options(t: &TableDecl, base: &HashMap<String, String>) -> HashMap<String, String> {
+    let mut o = base.clone();
+    for (k, v) in &t.options {
+        if let Some(rest) = k.strip_prefix("aws.") {
+            o.insert(format!("aws_{rest}"), v.clone());
+        }
+    }
+    o
+}
+
+async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result<Arc<dyn Source>> {
+    if t.format == "GENERATOR" {
+        check_options(job, t, GENERATOR_OPTIONS)?;
+        let mut g = GeneratorOptions {
+            rows: None,
+            ..Default::default()
+        };
+        g.rows = opt_num(job, t, "rows")?;
+        g.rows_per_second = opt_num(job, t, "rows_per_second")?;
+        if let Some(s) = opt_num(job, t, "seed")? {
+            g.seed = s;
+        }
+        g.max_rows_per_trigger = opt_num(job, t, "max_rows_per_trigger")?;
+        if let Some(b) = opt_num(job, t, "batch_size")? {
+            g.batch_size = b as usize;
+        }
+        if g.rows.is_none() && g.rows_per_second.is_none() {
+            g.rows = Some(1000);
+        }
+        let source = GeneratorSource::try_new(&t.name, g)?;
+        if let Some(declared) = &t.schema
+            && delta_schema(declared) != delta_schema(&source.schema())
+        {
+            return Err(job
+                .error(
+                    t.pos,
+                    format!(
+                        "a GENERATOR table has the columns ({}); declare those or none",
+                        describe(&source.schema())
+                    ),
+                )
+                .into());
+        }
+        return Ok(Arc::new(source));
+    }
+    let Some(mut format) = FileFormat::from_name(&t.format) else {
+        return Err(job
+            .error(
+                t.pos,
+                format!(
+                    "STORED AS {} is not supported for a stream (UNBOUNDED table {}); use JSON, \
+                     CSV, PARQUET or GENERATOR",
+                    t.format, t.name
+                ),
+            )
+            .into());
+    };
+    check_options(job, t, FILE_OPTIONS)?;
+    if let FileFormat::Csv {
+        has_header,
+        delimiter,
+    } = &mut format
+    {
+        if let Some(v) = t
+            .options
+            .get("format.has_header")
+            .or(t.options.get("has_header"))
+        {
+            *has_header = v.eq_ignore_ascii_case("true");
+        }
+        if let Some(v) = t
+            .options
+            .get("format.delimiter")
+            .or(t.options.get("delimiter"))
+        {
+            *delimiter = v.bytes().next().unwrap_or(b',');
+        }
+    }
+    let mut fo = FileSourceOptions::new(format.clone());
+    fo.max_files_per_trigger = opt_num(job, t, "max_files_per_trigger")?.map(|n| n as usize);
+    fo.max_bytes_per_trigger = opt_num(job, t, "max_bytes_per_trigger")?;
+    if let Some(b) = opt_num(job, t, "batch_size")? {
+        fo.batch_size = b as usize;
+    }
+    let store_opts = store_options(t, &options.storage_options);
+    let schema = match &t.schema {
+        Some(s) => s.clone(),
+        None => inferred_schema(job, t, &format, &store_opts, options).await?,
+    };
+    Ok(Arc::new(FileSource::try_new(
+        &t.name,
+        &t.location,
+        &store_opts,
+        schema,
+        fo,
+    )?))
+}
+
+/// The schema of a stream declared without columns: inferred from its first
+/// file once, then fixed in the checkpoint so every restart reads the same.
+async fn inferred_schema(
+    job: &Job,
+    t: &TableDecl,
+    format: &FileFormat,
+    store_opts: &HashMap<String, String>,
+    options: &JobOptions,
+) -> Result<SchemaRef> {
+    let stored = lakestream_checkpoint::read_source_state(
+        &options.checkpoint,
+        &options.storage_options,
+        &t.name,
+        "schema",
+    )
+    .await?;
+    if let Some(v) = stored {
+        return schema_from_json(&v).ok_or_else(|| {
+            Error::Query(format!(
+                "the schema of {} stored in the checkpoint is not readable",
+                t.name
+            ))
+        });
+    }
+    let Some(schema) = FileSource::infer_schema(&t.name, &t.location, store_opts, format).await?
+    else {
+        return Err(job
+            .error(
+                t.pos,
+                format!(
+                    "cannot infer the schema of {}: no file under {} yet; declare the columns \
+                     in the CREATE statement",
+                    t.name, t.location
+                ),
+            )
+            .into());
+    };
+    let v = lakestream_checkpoint::init_source_state(
+        &options.checkpoint,
+        &options.storage_options,
+        &t.name,
+        "schema",
+        schema_to_json(&schema),
+    )
+    .await?;
+    schema_from_json(&v)
+        .ok_or_else(|| Error::Query(format!("the inferred schema of {} is invalid", t.name)))
+}
+
+fn schema_to_json(schema: &Schema) -> serde_json::Value {
+    serde_json::Value::Array(
+        schema
+            .fields()
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "name": f.name(),
+                    "type": f.data_type().to_string(),
+                    "nullable": f.is_nullable(),
+                })
+            })
+            .collect(),
+    )
+}
+
+fn schema_from_json(v: &serde_json::Value) -> Option<SchemaRef> {
+    let mut fields = Vec::new();
+    for f in v.as_array()? {
+        let t: DataType = f.get("type")?.as_str()?.parse().ok()?;
+        fields.push(Field::new(
+            f.get("name")?.as_str()?,
+            t,
+            f.get("nullable")?.as_bool()?,
+        ));
+    }
+    Some(Arc::new(Schema::new(fields)))
+}
+
+fn delta_sink(
+    job: &Job,
+    t: &TableDecl,
+    storage: &HashMap<String, String>,
+) -> Result<Arc<DeltaSink>> {
+    if t.format != "DELTA" {
+        return Err(job
+            .error(
+                t.pos,
+                format!("the output table {} must be STORED AS DELTA", t.name),
+            )
+            .into());
+    }
+    if t.unbounded {
+        return Err(job
+            .error(
+                t.pos,
+                format!("the output table {} cannot be UNBOUNDED", t.name),
+            )
+            .into());
+    }
+    check_options(job, t, DELTA_SINK_OPTIONS)?;
+    let mut o = DeltaSinkOptions {
+        partition_columns: t.partition_cols.clone(),
+        storage_options: store_options(t, storage),
+        ..Default::default()
+    };
+    if let Some(n) = opt_num(job, t, "target_file_size")? {
+        o.target_file_size = n;
+    }
+    if let Some(c) = t.options.get("compression") {
+        o.compression = DeltaSinkOptions::parse_compression(c).ok_or_else(|| {
+            job.error(
+                t.pos,
+                format!("unknown compression {c:?}: use snappy, zstd, lz4 or none"),
+            )
+        })?;
+    }
+    Ok(Arc::new(DeltaSink::try_new(&t.location, o)?))
+}
+
+async fn register_static(
+    job: &Job,
+    t: &TableDecl,
+    builder: QueryBuilder,
+    storage: &HashMap<String, String>,
+) -> Result<QueryBuilder> {
+    let ctx = builder.context().clone();
+    let err = |msg: String| -> Error { job.error(t.pos, msg).into() };
+    let provider: Arc<dyn datafusion::datasource::TableProvider> = match t.format.as_str() {
+        "DELTA" => {
+            let loc =
+                lakestream_checkpoint::Location::parse(&t.location, &store_options(t, storage))?;
+            let table = deltalake::DeltaTable::try_from_url_with_storage_options(
+                loc.url().clone(),
+                store_options(t, storage),
+            )
+            .await
+            .map_err(|e| err(format!("cannot open Delta table {}: {e}", t.location)))?;
+            if table.version().is_none() {
+                return Err(err(format!("{} is not a Delta table", t.location)));
+            }
+            table
+                .update_datafusion_session(&ctx.state())
+                .map_err(|e| err(e.to_string()))?;
+            table
+                .table_provider()
+                .await
+                .map_err(|e| err(e.strip_backtrace()))?
+        }
+        _ => {
+            let plan = ctx
+                .state()
+                .statement_to_plan(t.statement.clone())
+                .await
+                .map_err(|e| err(e.strip_backtrace()))?;
+            ctx.execute_logical_plan(plan)
+                .await
+                .map_err(|e| err(e.strip_backtrace()))?;
+            // Load once: a static table is read as of job start, so every
+            // batch (and every replay of a batch) joins the same rows.
+            let df = ctx
+                .table(t.name.as_str())
+                .await
+                .map_err(|e| err(e.strip_backtrace()))?;
+            let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+            let batches = df.collect().await.map_err(|e| {
+                err(format!(
+                    "cannot read {}: {}",
+                    t.location,
+                    e.strip_backtrace()
+                ))
+            })?;
+            ctx.deregister_table(t.name.as_str())
+                .map_err(|e| err(e.strip_backtrace()))?;
+            Arc::new(
+                MemTable::try_new(schema, vec![batches]).map_err(|e| err(e.strip_backtrace()))?,
+            )
+        }
+    };
+    builder.static_table(&t.name, provider)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("1000"), Some(1000));
+        assert_eq!(parse_size("64MB"), Some(64 << 20));
+        assert_eq!(parse_size("2 GiB"), Some(2 << 30));
+        assert_eq!(parse_size("x"), None);
+    }
+
+    #[test]
+    fn inferred_schemas_round_trip_through_json() {
+        let s = Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new(
+                "ts",
+                DataType::Timestamp(arrow::datatypes::TimeUnit::Nanosecond, None),
+                false,
+            ),
+        ]);
+        let back = schema_from_json(&schema_to_json(&s)).unwrap();
+        assert_eq!(back.as_ref(), &s);
+    }
+}

@@ -1,0 +1,95 @@
+//! Progress of a running query: one [`BatchProgress`] per batch.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// Where the time of a batch went, in milliseconds.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Durations {
+    /// Asking the sources for new offsets.
+    pub plan_ms: f64,
+    /// Writing `offsets/N`.
+    pub write_ahead_ms: f64,
+    /// Reading, running the query and writing data files.
+    pub execute_ms: f64,
+    /// The table commit and `commits/N`.
+    pub commit_ms: f64,
+    /// The whole batch.
+    pub total_ms: f64,
+}
+
+/// One source's range in a batch.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SourceProgress {
+    /// Offset before the batch (`null` before the first).
+    pub start: Option<serde_json::Value>,
+    /// Offset after the batch.
+    pub end: Option<serde_json::Value>,
+    /// A human summary such as "files 2..4".
+    pub description: String,
+    /// Rows read from this source.
+    pub input_rows: u64,
+}
+
+/// What one batch did. Printed per batch by the CLI (`--progress-json`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BatchProgress {
+    /// The query id.
+    pub query_id: String,
+    /// The batch id.
+    pub batch_id: u64,
+    /// Rows read from all sources.
+    pub input_rows: u64,
+    /// Rows written to the table.
+    pub output_rows: u64,
+    /// Data files written.
+    pub output_files: usize,
+    /// Bytes of data files written.
+    pub output_bytes: u64,
+    /// Input rows per second of batch time.
+    pub rows_per_second: f64,
+    /// Time split.
+    pub durations: Durations,
+    /// Per-source ranges.
+    pub sources: BTreeMap<String, SourceProgress>,
+    /// Table version after the batch.
+    pub table_version: Option<u64>,
+    /// True when the batch was found already in the table (replay after a
+    /// crash) and nothing was written.
+    pub skipped: bool,
+    /// True when this batch was re-run from the write-ahead log at start.
+    pub recovered: bool,
+}
+
+impl BatchProgress {
+    /// One human line: `batch 3: 1200 rows in 45 ms (26.7k rows/s) -> 2 files, table v4 [events: files 4..6]`.
+    pub fn human_line(&self) -> String {
+        let srcs: Vec<String> = self
+            .sources
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", v.description))
+            .collect();
+        let what = if self.skipped {
+            "already in the table, skipped".to_string()
+        } else {
+            format!(
+                "{} rows in, {} rows out in {:.0} ms ({:.1}k rows/s) -> {} files",
+                self.input_rows,
+                self.output_rows,
+                self.durations.total_ms,
+                self.rows_per_second / 1000.0,
+                self.output_files
+            )
+        };
+        format!(
+            "batch {}{}: {what}, table v{} [{}]",
+            self.batch_id,
+            if self.recovered { " (recovered)" } else { "" },
+            self.table_version
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
+            srcs.join("; ")
+        )
+    }
+}

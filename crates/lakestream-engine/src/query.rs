@@ -1,0 +1,707 @@
+//! Building, starting and driving a streaming query.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use datafusion::dataframe::DataFrame;
+use datafusion::datasource::TableProvider;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::execute_stream;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::StreamExt;
+use lakestream_checkpoint::{Checkpoint, CommitEntry, OffsetsEntry, SourceRange, now_ms};
+use lakestream_sink::{CommitInfo, CommitOutcome, Sink};
+use lakestream_source::Source;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::progress::{BatchProgress, Durations, SourceProgress};
+use crate::provider::{BatchRange, MicroBatchTable};
+use crate::{Error, FailPoint, Result, Trigger};
+
+/// The query text or plan, as given to the builder.
+enum QuerySpec {
+    Sql(String),
+    Plan(LogicalPlan),
+}
+
+/// Builds a streaming query: sources, a query, a sink, a checkpoint, a
+/// trigger.
+///
+/// ```no_run
+/// # async fn demo() -> lakestream_engine::Result<()> {
+/// use std::sync::Arc;
+/// use lakestream_engine::{QueryBuilder, Trigger};
+/// use lakestream_engine::source::generator::{GeneratorOptions, GeneratorSource};
+/// use lakestream_engine::sink::delta::{DeltaSink, DeltaSinkOptions};
+///
+/// let events = Arc::new(GeneratorSource::try_new("events", GeneratorOptions::default())?);
+/// let sink = Arc::new(DeltaSink::try_new("target/out", DeltaSinkOptions::default())?);
+/// let summary = QueryBuilder::new()
+///     .source(events)?
+///     .sql("SELECT event_id, amount FROM events WHERE amount > 0")
+///     .sink(sink)
+///     .checkpoint("target/out/_checkpoint")
+///     .trigger(Trigger::AvailableNow)
+///     .run()
+///     .await?;
+/// println!("{} batches", summary.batches);
+/// # Ok(()) }
+/// ```
+pub struct QueryBuilder {
+    ctx: SessionContext,
+    tables: Vec<Arc<MicroBatchTable>>,
+    query: Option<QuerySpec>,
+    output_columns: Vec<String>,
+    sink: Option<Arc<dyn Sink>>,
+    checkpoint: Option<String>,
+    checkpoint_options: HashMap<String, String>,
+    trigger: Trigger,
+    poll: Duration,
+    fail_point: Option<(FailPoint, u64)>,
+    job: Option<lakestream_plan::Job>,
+}
+
+impl Default for QueryBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QueryBuilder {
+    /// A builder with a fresh DataFusion session.
+    pub fn new() -> Self {
+        let mut config = SessionConfig::new().with_information_schema(true);
+        config.options_mut().sql_parser.collect_spans = true;
+        Self::with_context(SessionContext::new_with_config(config))
+    }
+
+    /// A builder on an existing DataFusion session (its functions, settings
+    /// and tables are visible to the query).
+    pub fn with_context(ctx: SessionContext) -> Self {
+        Self {
+            ctx,
+            tables: Vec::new(),
+            query: None,
+            output_columns: Vec::new(),
+            sink: None,
+            checkpoint: None,
+            checkpoint_options: HashMap::new(),
+            trigger: Trigger::Continuous,
+            poll: Duration::from_millis(200),
+            fail_point: None,
+            job: None,
+        }
+    }
+
+    /// The DataFusion session: register UDFs or build a [`DataFrame`] over
+    /// the sources added so far.
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// Add a streaming source, registered as a table under its name.
+    pub fn source(mut self, source: Arc<dyn Source>) -> Result<Self> {
+        let partitions = self.ctx.copied_config().target_partitions();
+        let table = Arc::new(MicroBatchTable::new(source.clone(), partitions));
+        self.ctx
+            .register_table(source.name(), table.clone())
+            .map_err(|e| Error::Query(e.strip_backtrace()))?;
+        self.tables.push(table);
+        Ok(self)
+    }
+
+    /// Add a static table (read in every batch, never tracked in offsets).
+    pub fn static_table(self, name: &str, table: Arc<dyn TableProvider>) -> Result<Self> {
+        self.ctx
+            .register_table(name, table)
+            .map_err(|e| Error::Query(e.strip_backtrace()))?;
+        Ok(self)
+    }
+
+    /// The query to run over each batch, as SQL.
+    pub fn sql(mut self, sql: impl Into<String>) -> Self {
+        self.query = Some(QuerySpec::Sql(sql.into()));
+        self
+    }
+
+    /// The query to run over each batch, as a DataFrame built on
+    /// [`QueryBuilder::context`].
+    pub fn dataframe(mut self, df: DataFrame) -> Self {
+        self.query = Some(QuerySpec::Plan(df.into_unoptimized_plan()));
+        self
+    }
+
+    /// Rename the output columns in order (an `INSERT INTO t (a, b)` list).
+    pub fn output_columns(mut self, columns: Vec<String>) -> Self {
+        self.output_columns = columns;
+        self
+    }
+
+    /// Where each batch's output goes.
+    pub fn sink(mut self, sink: Arc<dyn Sink>) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// The checkpoint location (path or URL).
+    pub fn checkpoint(mut self, location: impl Into<String>) -> Self {
+        self.checkpoint = Some(location.into());
+        self
+    }
+
+    /// Storage options for the checkpoint location.
+    pub fn checkpoint_options(mut self, options: HashMap<String, String>) -> Self {
+        self.checkpoint_options = options;
+        self
+    }
+
+    /// When batches run (default [`Trigger::Continuous`]).
+    pub fn trigger(mut self, trigger: Trigger) -> Self {
+        self.trigger = trigger;
+        self
+    }
+
+    /// How often an idle continuous query looks for new data (default 200 ms).
+    pub fn poll_interval(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// Stop with [`Error::InjectedFault`] at `point` of batch `batch_id`,
+    /// leaving everything written so far in place, as a crash would. For
+    /// crash tests.
+    #[doc(hidden)]
+    pub fn fail_point(mut self, point: FailPoint, batch_id: u64) -> Self {
+        self.fail_point = Some((point, batch_id));
+        self
+    }
+
+    pub(crate) fn logical_plan(mut self, plan: LogicalPlan) -> Self {
+        self.query = Some(QuerySpec::Plan(plan));
+        self
+    }
+
+    pub(crate) fn with_job(mut self, job: lakestream_plan::Job) -> Self {
+        self.job = Some(job);
+        self
+    }
+
+    /// Plan and check the query, open the checkpoint (taking its fence) and
+    /// the sink, then run batches in the background.
+    pub async fn start(self) -> Result<QueryHandle> {
+        let driver = self.prepare().await?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (latest_tx, latest_rx) = watch::channel(None);
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let query_id = driver.ckpt.query_id().to_string();
+        let join = tokio::spawn(driver.run(stop_rx, latest_tx, events_tx));
+        Ok(QueryHandle {
+            query_id,
+            stop: stop_tx,
+            latest: latest_rx,
+            events: Some(events_rx),
+            join,
+        })
+    }
+
+    /// [`QueryBuilder::start`] and wait for the query to end.
+    pub async fn run(self) -> Result<QuerySummary> {
+        self.start().await?.await_termination().await
+    }
+
+    async fn prepare(self) -> Result<Driver> {
+        let sink = self
+            .sink
+            .ok_or_else(|| Error::Query("the query has no sink".into()))?;
+        let checkpoint = self
+            .checkpoint
+            .ok_or_else(|| Error::Query("the query has no checkpoint location".into()))?;
+        if self.tables.is_empty() {
+            return Err(Error::Query("the query has no streaming source".into()));
+        }
+        let plan = match self.query {
+            None => return Err(Error::Query("the query has no SQL or DataFrame".into())),
+            Some(QuerySpec::Plan(p)) => p,
+            Some(QuerySpec::Sql(sql)) => {
+                let state = self.ctx.state();
+                let stmt = state
+                    .sql_to_statement(&sql, &datafusion::config::Dialect::Generic)
+                    .map_err(|e| Error::Query(e.strip_backtrace()))?;
+                state
+                    .statement_to_plan(stmt)
+                    .await
+                    .map_err(|e| Error::Query(e.strip_backtrace()))?
+            }
+        };
+        let plan = if self.output_columns.is_empty() {
+            plan
+        } else {
+            rename_output(plan, &self.output_columns)?
+        };
+        let names: Vec<String> = self
+            .tables
+            .iter()
+            .map(|t| t.source().name().to_string())
+            .collect();
+        let is_stream = |n: &str| names.iter().any(|s| s.eq_ignore_ascii_case(n));
+        if let Some(job) = &self.job {
+            lakestream_plan::check_streaming_plan(job, &plan, &is_stream)?;
+        } else if let Some(problem) = lakestream_plan::streaming_plan_problem(&plan, &is_stream) {
+            return Err(Error::Query(problem));
+        }
+        let output_schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+        let ckpt = Checkpoint::open(&checkpoint, &self.checkpoint_options).await?;
+        sink.open(output_schema).await?;
+        Ok(Driver {
+            ctx: self.ctx,
+            tables: self.tables,
+            plan,
+            sink,
+            ckpt,
+            trigger: self.trigger,
+            poll: self.poll,
+            fail_point: self.fail_point,
+        })
+    }
+}
+
+fn rename_output(plan: LogicalPlan, columns: &[String]) -> Result<LogicalPlan> {
+    use datafusion::logical_expr::{LogicalPlanBuilder, col};
+    let fields = plan.schema().columns();
+    if fields.len() != columns.len() {
+        return Err(Error::Query(format!(
+            "the INSERT names {} columns but the query produces {}",
+            columns.len(),
+            fields.len()
+        )));
+    }
+    let exprs: Vec<_> = fields
+        .into_iter()
+        .zip(columns)
+        .map(|(c, name)| col(c).alias(name))
+        .collect();
+    LogicalPlanBuilder::from(plan)
+        .project(exprs)
+        .and_then(|b| b.build())
+        .map_err(|e| Error::Query(e.strip_backtrace()))
+}
+
+/// A running query.
+pub struct QueryHandle {
+    query_id: String,
+    stop: watch::Sender<bool>,
+    latest: watch::Receiver<Option<BatchProgress>>,
+    events: Option<mpsc::UnboundedReceiver<BatchProgress>>,
+    join: JoinHandle<Result<QuerySummary>>,
+}
+
+impl QueryHandle {
+    /// The query id (the Delta txn app id of its commits).
+    pub fn query_id(&self) -> &str {
+        &self.query_id
+    }
+
+    /// The last batch's progress, if a batch has finished.
+    pub fn last_progress(&self) -> Option<BatchProgress> {
+        self.latest.borrow().clone()
+    }
+
+    /// Every batch's progress, in order, as a channel (available once).
+    pub fn take_progress_events(&mut self) -> Option<mpsc::UnboundedReceiver<BatchProgress>> {
+        self.events.take()
+    }
+
+    /// Ask the query to stop after the batch in flight. Returns at once.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Abort at once, even mid-batch. The checkpoint stays consistent: the
+    /// batch in flight is re-run on restart.
+    pub fn abort(&self) {
+        self.join.abort();
+    }
+
+    /// Wait for the query to end: the trigger ran out, [`QueryHandle::stop`]
+    /// was called, or it failed.
+    pub async fn await_termination(self) -> Result<QuerySummary> {
+        match self.join.await {
+            Ok(r) => r,
+            Err(e) if e.is_cancelled() => Err(Error::Aborted),
+            Err(e) => Err(Error::Query(format!("the query task panicked: {e}"))),
+        }
+    }
+}
+
+/// What a query did before it ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QuerySummary {
+    /// The query id.
+    pub query_id: String,
+    /// Batches run (including recovered and skipped ones).
+    pub batches: u64,
+    /// Input rows over all batches.
+    pub input_rows: u64,
+    /// Output rows over all batches.
+    pub output_rows: u64,
+    /// The last batch id committed, if any.
+    pub last_batch_id: Option<u64>,
+    /// Table version at the end.
+    pub table_version: Option<u64>,
+}
+
+struct Driver {
+    ctx: SessionContext,
+    tables: Vec<Arc<MicroBatchTable>>,
+    plan: LogicalPlan,
+    sink: Arc<dyn Sink>,
+    ckpt: Checkpoint,
+    trigger: Trigger,
+    poll: Duration,
+    fail_point: Option<(FailPoint, u64)>,
+}
+
+impl Driver {
+    fn fail(&self, point: FailPoint, batch_id: u64) -> Result<()> {
+        if self.fail_point == Some((point, batch_id)) {
+            return Err(Error::InjectedFault { point, batch_id });
+        }
+        Ok(())
+    }
+
+    async fn run(
+        self,
+        mut stop: watch::Receiver<bool>,
+        latest: watch::Sender<Option<BatchProgress>>,
+        events: mpsc::UnboundedSender<BatchProgress>,
+    ) -> Result<QuerySummary> {
+        let mut summary = QuerySummary {
+            query_id: self.ckpt.query_id().to_string(),
+            ..Default::default()
+        };
+        let report = |p: BatchProgress, summary: &mut QuerySummary| {
+            summary.batches += 1;
+            summary.input_rows += p.input_rows;
+            summary.output_rows += p.output_rows;
+            summary.last_batch_id = Some(p.batch_id);
+            summary.table_version = p.table_version.or(summary.table_version);
+            let _ = events.send(p.clone());
+            let _ = latest.send(Some(p));
+        };
+
+        // Recover: sources learn what earlier batches took; a batch planned
+        // but not marked done is re-run with exactly its logged range.
+        let ids = self.ckpt.offset_ids().await?;
+        let mut ends: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
+        let mut last: Option<OffsetsEntry> = None;
+        for id in &ids {
+            if let Some(entry) = self.ckpt.offsets(*id).await? {
+                for (name, r) in &entry.sources {
+                    if !r.end.is_null() {
+                        ends.entry(name.clone()).or_default().push(r.end.clone());
+                    }
+                }
+                last = Some(entry);
+            }
+        }
+        for t in &self.tables {
+            let name = t.source().name();
+            t.source()
+                .recover(ends.get(name).map(|v| v.as_slice()).unwrap_or(&[]))
+                .await?;
+        }
+        let mut prev: BTreeMap<String, Option<serde_json::Value>> = BTreeMap::new();
+        let mut next_id = 0;
+        if let Some(entry) = last {
+            let committed = self.ckpt.latest_commit().await?.map(|c| c.batch_id);
+            for (name, r) in &entry.sources {
+                prev.insert(
+                    name.clone(),
+                    if r.end.is_null() {
+                        r.start.clone()
+                    } else {
+                        Some(r.end.clone())
+                    },
+                );
+            }
+            next_id = entry.batch_id + 1;
+            if committed.is_none_or(|c| c < entry.batch_id) {
+                let p = self
+                    .run_batch(&entry, Duration::ZERO, Duration::ZERO, true)
+                    .await?;
+                report(p, &mut summary);
+            }
+        }
+        if matches!(self.trigger, Trigger::AvailableNow) {
+            for t in &self.tables {
+                t.source().freeze().await?;
+            }
+        }
+
+        let mut next_start = Instant::now();
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let t_plan = Instant::now();
+            let mut sources = BTreeMap::new();
+            let mut any = false;
+            for t in &self.tables {
+                let name = t.source().name().to_string();
+                let start = prev.get(&name).cloned().flatten();
+                let end = t.source().plan(start.as_ref()).await?;
+                any |= end.is_some();
+                sources.insert(
+                    name,
+                    SourceRange {
+                        start,
+                        end: end.unwrap_or(serde_json::Value::Null),
+                    },
+                );
+            }
+            let plan_time = t_plan.elapsed();
+            if !any {
+                match self.trigger {
+                    Trigger::AvailableNow | Trigger::Once => break,
+                    Trigger::Continuous => {
+                        wait(&mut stop, self.poll).await;
+                        continue;
+                    }
+                    Trigger::Interval(d) => {
+                        next_start += d;
+                        let now = Instant::now();
+                        if next_start < now {
+                            next_start = now + d;
+                        }
+                        wait(&mut stop, next_start - now).await;
+                        continue;
+                    }
+                }
+            }
+            let entry = OffsetsEntry::new(next_id, now_ms(), sources);
+            let t_wa = Instant::now();
+            self.ckpt.write_offsets(&entry).await?;
+            let wa_time = t_wa.elapsed();
+            let p = self.run_batch(&entry, plan_time, wa_time, false).await?;
+            report(p, &mut summary);
+            for (name, r) in entry.sources {
+                if !r.end.is_null() {
+                    prev.insert(name, Some(r.end));
+                }
+            }
+            next_id += 1;
+            match self.trigger {
+                Trigger::Once => break,
+                Trigger::Interval(d) => {
+                    next_start += d;
+                    let now = Instant::now();
+                    if next_start > now {
+                        wait(&mut stop, next_start - now).await;
+                    } else {
+                        next_start = now;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if summary.table_version.is_none() {
+            summary.table_version = self.sink.version().await?;
+        }
+        Ok(summary)
+    }
+
+    async fn run_batch(
+        &self,
+        entry: &OffsetsEntry,
+        plan_time: Duration,
+        wa_time: Duration,
+        recovered: bool,
+    ) -> Result<BatchProgress> {
+        let batch_id = entry.batch_id;
+        let query_id = self.ckpt.query_id().to_string();
+        let t0 = Instant::now();
+        self.fail(FailPoint::AfterWriteAhead, batch_id)?;
+
+        let mut progress = BatchProgress {
+            query_id: query_id.clone(),
+            batch_id,
+            input_rows: 0,
+            output_rows: 0,
+            output_files: 0,
+            output_bytes: 0,
+            rows_per_second: 0.0,
+            durations: Durations::default(),
+            sources: BTreeMap::new(),
+            table_version: None,
+            skipped: false,
+            recovered,
+        };
+        for t in &self.tables {
+            let name = t.source().name();
+            if let Some(r) = entry.sources.get(name) {
+                let end = (!r.end.is_null()).then(|| r.end.clone());
+                progress.sources.insert(
+                    name.to_string(),
+                    SourceProgress {
+                        start: r.start.clone(),
+                        end: end.clone().or_else(|| r.start.clone()),
+                        description: match &end {
+                            Some(e) => t.source().describe(r.start.as_ref(), e),
+                            None => "no new data".into(),
+                        },
+                        input_rows: 0,
+                    },
+                );
+            }
+        }
+
+        // A replayed batch that the table already holds is not executed.
+        if recovered
+            && let Some(done) = self.sink.committed_batch(&query_id).await?
+            && done >= batch_id
+        {
+            let version = self.sink.version().await?;
+            self.ckpt
+                .write_commit(&CommitEntry::new(batch_id, version, true))
+                .await?;
+            progress.skipped = true;
+            progress.table_version = version;
+            progress.durations.total_ms = ms(t0.elapsed());
+            return Ok(progress);
+        }
+
+        for t in &self.tables {
+            let r = entry.sources.get(t.source().name());
+            t.set_range(r.map(|r| BatchRange {
+                start: r.start.clone(),
+                end: (!r.end.is_null()).then(|| r.end.clone()),
+            }));
+        }
+        let t_exec = Instant::now();
+        let staged = self.execute(batch_id, entry.batch_timestamp_ms).await;
+        for t in &self.tables {
+            if let Some(e) = t.stats().error.lock().expect("stats lock").take() {
+                return Err(Error::Source(e));
+            }
+        }
+        let staged = staged?;
+        for t in &self.tables {
+            let rows = t.stats().rows.load(Ordering::Relaxed);
+            progress.input_rows += rows;
+            if let Some(p) = progress.sources.get_mut(t.source().name()) {
+                p.input_rows = rows;
+            }
+            t.set_range(None);
+        }
+        let exec_time = t_exec.elapsed();
+        self.fail(FailPoint::AfterFiles, batch_id)?;
+
+        let t_commit = Instant::now();
+        let mut meta = serde_json::Map::new();
+        meta.insert(
+            "sources".into(),
+            serde_json::to_value(
+                progress
+                    .sources
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.description.clone()))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+            .expect("serializable"),
+        );
+        meta.insert(
+            "engine".into(),
+            serde_json::json!(concat!("lakestream ", env!("CARGO_PKG_VERSION"))),
+        );
+        let (rows, files, bytes) = (staged.rows, staged.files, staged.bytes);
+        let outcome = self
+            .sink
+            .commit(
+                staged,
+                &CommitInfo {
+                    query_id,
+                    batch_id,
+                    metadata: meta,
+                },
+            )
+            .await?;
+        self.fail(FailPoint::AfterCommit, batch_id)?;
+        let skipped = matches!(outcome, CommitOutcome::AlreadyCommitted { .. });
+        self.ckpt
+            .write_commit(&CommitEntry::new(
+                batch_id,
+                Some(outcome.version()),
+                skipped,
+            ))
+            .await?;
+        let commit_time = t_commit.elapsed();
+        for t in &self.tables {
+            if let Some(r) = entry.sources.get(t.source().name())
+                && !r.end.is_null()
+                && let Err(e) = t.source().committed(&r.end).await
+            {
+                tracing::warn!(source = t.source().name(), error = %e, "source commit hook failed");
+            }
+        }
+
+        let total = plan_time + wa_time + t0.elapsed();
+        progress.skipped = skipped;
+        if !skipped {
+            progress.output_rows = rows;
+            progress.output_files = files;
+            progress.output_bytes = bytes;
+        }
+        progress.table_version = Some(outcome.version());
+        progress.durations = Durations {
+            plan_ms: ms(plan_time),
+            write_ahead_ms: ms(wa_time),
+            execute_ms: ms(exec_time),
+            commit_ms: ms(commit_time),
+            total_ms: ms(total),
+        };
+        progress.rows_per_second = if total.as_secs_f64() > 0.0 {
+            progress.input_rows as f64 / total.as_secs_f64()
+        } else {
+            0.0
+        };
+        Ok(progress)
+    }
+
+    async fn execute(&self, batch_id: u64, batch_ts_ms: i64) -> Result<lakestream_sink::Staged> {
+        let exec_err = |e: datafusion::error::DataFusionError| Error::Execution {
+            batch_id,
+            message: e.strip_backtrace(),
+        };
+        let mut state = self.ctx.state();
+        // `now()` and friends see the batch's logged timestamp, so a replay
+        // computes what the first attempt computed.
+        state.execution_props_mut().query_execution_start_time =
+            chrono::DateTime::from_timestamp_millis(batch_ts_ms);
+        let physical = state
+            .create_physical_plan(&self.plan)
+            .await
+            .map_err(exec_err)?;
+        let mut stream = execute_stream(physical, state.task_ctx()).map_err(exec_err)?;
+        let mut writer = self.sink.begin(batch_id).await?;
+        while let Some(batch) = stream.next().await {
+            writer.write(batch.map_err(exec_err)?).await?;
+        }
+        Ok(writer.finish().await?)
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Sleep for `d` or until a stop is requested.
+async fn wait(stop: &mut watch::Receiver<bool>, d: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stop.changed() => {}
+    }
+}
