@@ -1,1 +1,278 @@
-fn main() {}
+//! `lakestream`: run exactly-once streaming SQL jobs into Delta tables.
+//!
+//! Exit codes: 0 done (or stopped gracefully), 1 the job failed while
+//! running, 2 invalid command line or job file, 3 the checkpoint is in use
+//! by another process, 130 aborted by a second signal.
+
+mod query;
+mod status;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use lakestream_engine::job::{JobOptions, load_job};
+use lakestream_engine::{FailPoint, Trigger};
+
+const EXIT_FAILED: u8 = 1;
+const EXIT_INVALID: u8 = 2;
+const EXIT_IN_USE: u8 = 3;
+const EXIT_ABORTED: i32 = 130;
+
+#[derive(Parser)]
+#[command(
+    name = "lakestream",
+    version,
+    about = "Exactly-once micro-batch streaming SQL into Delta Lake tables",
+    after_help = "Examples:\n  lakestream run examples/quickstart.sql --checkpoint target/quickstart/_checkpoint --trigger available-now\n  lakestream status --checkpoint target/quickstart/_checkpoint\n  lakestream query \"SELECT country, count(*) FROM 'target/quickstart/clean_events' GROUP BY country\""
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a streaming SQL job until stopped (or until its trigger runs out).
+    #[command(after_help = "Examples:\n  \
+        lakestream run job.sql --checkpoint ckpt/ --trigger available-now   # backfill, then exit\n  \
+        lakestream run job.sql --checkpoint ckpt/ --trigger 10s             # a batch every 10 s\n  \
+        lakestream run job.sql --checkpoint s3://bucket/ckpt/ --progress-json\n\n\
+        SIGINT/SIGTERM finish the batch in flight and exit 0; a second signal exits at once (130).\n\
+        Exit codes: 0 done, 1 failed, 2 invalid job or arguments, 3 checkpoint in use.")]
+    Run {
+        /// The job file (.sql).
+        job: PathBuf,
+        /// Checkpoint location (path or URL): the query's write-ahead log.
+        #[arg(long)]
+        checkpoint: String,
+        /// `available-now`, `once`, or an interval such as `10s` (default: run
+        /// batches back to back, polling while idle).
+        #[arg(long)]
+        trigger: Option<Trigger>,
+        /// Print one JSON object per batch on stdout.
+        #[arg(long)]
+        progress_json: bool,
+        /// Storage option for every location, as KEY=VALUE (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+        storage_options: Vec<String>,
+    },
+    /// Show a checkpoint: query id, last planned and committed batch, offsets.
+    #[command(
+        after_help = "Example:\n  lakestream status --checkpoint target/quickstart/_checkpoint"
+    )]
+    Status {
+        /// Checkpoint location (path or URL).
+        #[arg(long)]
+        checkpoint: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Storage option, as KEY=VALUE (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+        storage_options: Vec<String>,
+    },
+    /// Run SQL over Delta, Parquet, CSV or JSON tables named by path.
+    #[command(after_help = "Tables are named by their path in quotes:\n  \
+        lakestream query \"SELECT count(*) FROM 'target/quickstart/clean_events'\"\n  \
+        lakestream query --format json \"SELECT * FROM 'data/users.parquet' LIMIT 5\"")]
+    Query {
+        /// The SQL.
+        sql: String,
+        /// Output format.
+        #[arg(long, default_value = "table", value_parser = ["table", "json", "csv"])]
+        format: String,
+        /// Storage option, as KEY=VALUE (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+        storage_options: Vec<String>,
+    },
+}
+
+fn parse_kv(items: &[String]) -> anyhow::Result<HashMap<String, String>> {
+    items
+        .iter()
+        .map(|s| {
+            s.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .with_context(|| format!("storage option {s:?} is not KEY=VALUE"))
+        })
+        .collect()
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LAKESTREAM_LOG").unwrap_or_else(
+                |_| // delta-kernel logs an ERROR while probing a location that
+                // holds no table yet, which is the normal first run.
+                tracing_subscriber::EnvFilter::new("warn,buoyant_kernel::snapshot::builder=off"),
+            ),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    runtime.block_on(async {
+        match cli.command {
+            Command::Run {
+                job,
+                checkpoint,
+                trigger,
+                progress_json,
+                storage_options,
+            } => run(job, checkpoint, trigger, progress_json, storage_options).await,
+            Command::Status {
+                checkpoint,
+                json,
+                storage_options,
+            } => report(status::status(&checkpoint, json, &storage_options).await),
+            Command::Query {
+                sql,
+                format,
+                storage_options,
+            } => report(query::query(&sql, &format, &storage_options).await),
+        }
+    })
+}
+
+fn report(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+fn engine_exit(e: &lakestream_engine::Error) -> ExitCode {
+    eprintln!("error: {e}");
+    if e.is_checkpoint_in_use() {
+        ExitCode::from(EXIT_IN_USE)
+    } else if e.is_user_error() {
+        ExitCode::from(EXIT_INVALID)
+    } else {
+        ExitCode::from(EXIT_FAILED)
+    }
+}
+
+/// `LAKESTREAM_FAIL_POINT=after-commit:3` stops the run at that point of
+/// that batch, as a crash would (for crash tests).
+fn fail_point_from_env() -> anyhow::Result<Option<(FailPoint, u64)>> {
+    let Ok(v) = std::env::var("LAKESTREAM_FAIL_POINT") else {
+        return Ok(None);
+    };
+    let (p, n) = v
+        .split_once(':')
+        .context("LAKESTREAM_FAIL_POINT must be POINT:BATCH")?;
+    Ok(Some((
+        p.parse().map_err(anyhow::Error::msg)?,
+        n.parse().context("LAKESTREAM_FAIL_POINT batch id")?,
+    )))
+}
+
+async fn run(
+    job: PathBuf,
+    checkpoint: String,
+    trigger: Option<Trigger>,
+    progress_json: bool,
+    storage_options: Vec<String>,
+) -> ExitCode {
+    let text = match std::fs::read_to_string(&job) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: cannot read job file {}: {e}", job.display());
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    let (storage_options, fail_point) = match (parse_kv(&storage_options), fail_point_from_env()) {
+        (Ok(s), Ok(f)) => (s, f),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    let options = JobOptions {
+        checkpoint,
+        trigger: trigger.unwrap_or_default(),
+        storage_options,
+        fail_point,
+    };
+    let builder = match load_job(&job.display().to_string(), &text, &options).await {
+        Ok(b) => b,
+        Err(e) => return engine_exit(&e),
+    };
+    let mut handle = match builder.start().await {
+        Ok(h) => h,
+        Err(e) => return engine_exit(&e),
+    };
+    eprintln!(
+        "lakestream: query {} started ({})",
+        handle.query_id(),
+        job.display()
+    );
+    let mut events = handle.take_progress_events().expect("first take");
+    let printer = tokio::spawn(async move {
+        use std::io::Write;
+        while let Some(p) = events.recv().await {
+            eprintln!("{}", p.human_line());
+            if progress_json {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string(&p).expect("progress serializes")
+                );
+                let _ = out.flush();
+            }
+        }
+    });
+    let stopper = handle.stop_handle();
+    tokio::spawn(async move {
+        signal().await;
+        eprintln!("lakestream: stopping after the batch in flight (signal again to abort)");
+        stopper.stop();
+        signal().await;
+        eprintln!("lakestream: aborted; the batch in flight re-runs on restart");
+        std::process::exit(EXIT_ABORTED);
+    });
+    let result = handle.await_termination().await;
+    let _ = printer.await;
+    match result {
+        Ok(summary) => {
+            eprintln!(
+                "lakestream: done: {} batches, {} rows in, {} rows out, table version {}",
+                summary.batches,
+                summary.input_rows,
+                summary.output_rows,
+                summary
+                    .table_version
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|| "-".into())
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => engine_exit(&e),
+    }
+}
+
+async fn signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

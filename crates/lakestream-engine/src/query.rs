@@ -320,6 +320,11 @@ impl QueryHandle {
         let _ = self.stop.send(true);
     }
 
+    /// A handle that can request a stop from another task.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.stop.clone())
+    }
+
     /// Abort at once, even mid-batch. The checkpoint stays consistent: the
     /// batch in flight is re-run on restart.
     pub fn abort(&self) {
@@ -334,6 +339,17 @@ impl QueryHandle {
             Err(e) if e.is_cancelled() => Err(Error::Aborted),
             Err(e) => Err(Error::Query(format!("the query task panicked: {e}"))),
         }
+    }
+}
+
+/// Requests a graceful stop of a running query (see [`QueryHandle::stop`]).
+#[derive(Clone)]
+pub struct StopHandle(watch::Sender<bool>);
+
+impl StopHandle {
+    /// Ask the query to stop after the batch in flight.
+    pub fn stop(&self) {
+        let _ = self.0.send(true);
     }
 }
 
