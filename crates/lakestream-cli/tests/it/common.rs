@@ -1,0 +1,176 @@
+//! Helpers: the real binary, event files, and two independent table readers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `lakestream` binary cargo built for these tests.
+pub(crate) fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lakestream"));
+    c.env_remove("LAKESTREAM_FAIL_POINT");
+    c
+}
+
+/// Run the binary with `args` in `dir`.
+pub(crate) fn run_in(dir: &Path, args: &[&str]) -> Output {
+    bin()
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run lakestream")
+}
+
+/// Text of stdout and stderr for assertion messages.
+pub(crate) fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The workspace root.
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The Python with `deltalake` and `pyarrow` (set up by scripts/test.sh).
+pub(crate) fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("LAKESTREAM_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let p = root().join(".venv/bin/python");
+    assert!(
+        p.exists(),
+        "no Python reader: run ./scripts/test.sh, or set LAKESTREAM_PYTHON to a Python \
+         with deltalake and pyarrow installed"
+    );
+    p
+}
+
+/// Rows of the Delta table at `table`, read by Python `deltalake`.
+pub(crate) fn read_py(table: &Path) -> Vec<serde_json::Value> {
+    let o = Command::new(python())
+        .arg(root().join("tests/py/read_delta.py"))
+        .arg(table)
+        .output()
+        .expect("run python");
+    assert!(o.status.success(), "python reader failed: {}", text(&o));
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Version, partition columns, columns and row count, read by Python.
+pub(crate) fn meta_py(table: &Path) -> serde_json::Value {
+    let o = Command::new(python())
+        .arg(root().join("tests/py/read_delta.py"))
+        .arg(table)
+        .arg("--meta")
+        .output()
+        .expect("run python");
+    assert!(o.status.success(), "python reader failed: {}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// Rows of `sql` through `lakestream query --format json`.
+pub(crate) fn query(dir: &Path, sql: &str) -> Vec<serde_json::Value> {
+    let o = run_in(dir, &["query", "--format", "json", sql]);
+    assert!(o.status.success(), "query failed: {}", text(&o));
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Count of each value of `field` over `rows`.
+pub(crate) fn counts(rows: &[serde_json::Value], field: &str) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for r in rows {
+        let k = match &r[field] {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        *m.entry(k).or_insert(0) += 1;
+    }
+    m
+}
+
+/// Write `files` JSON-lines files of `rows` events each under `dir`, with
+/// ids `ev-<file>-<row>`; amounts are positive except every 5th row.
+/// Returns the ids a `WHERE amount > 0` query keeps.
+pub(crate) fn write_events(
+    dir: &Path,
+    first_file: usize,
+    files: usize,
+    rows: usize,
+) -> Vec<String> {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut kept = Vec::new();
+    for f in first_file..first_file + files {
+        let mut body = String::new();
+        for r in 0..rows {
+            let id = format!("ev-{f:04}-{r:04}");
+            let amount = if r % 5 == 4 { -1.5 } else { 1.0 + r as f64 };
+            if amount > 0.0 {
+                kept.push(id.clone());
+            }
+            body.push_str(&format!(
+                "{{\"event_id\":\"{id}\",\"user_id\":{},\"event_type\":\"click\",\"amount\":{amount},\"ts\":\"2026-01-{:02}T10:00:00Z\"}}\n",
+                r % 7,
+                1 + (f % 3)
+            ));
+        }
+        // Write then rename, as a well-behaved producer does.
+        let tmp = dir.join(format!(".tmp-{f}"));
+        std::fs::write(&tmp, body).unwrap();
+        std::fs::rename(&tmp, dir.join(format!("events-{f:04}.json"))).unwrap();
+    }
+    kept
+}
+
+/// A job reading JSON events under `input` into a Delta table at `table`.
+pub(crate) fn events_job(input: &Path, table: &Path, max_files: usize) -> String {
+    format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE events (\n  event_id VARCHAR NOT NULL, user_id BIGINT, event_type VARCHAR, amount DOUBLE, ts TIMESTAMP\n) STORED AS JSON LOCATION '{}'\nOPTIONS ('max_files_per_trigger' '{max_files}');\n\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}' PARTITIONED BY (day);\n\n\
+         INSERT INTO out\nSELECT event_id, user_id, event_type, amount, ts, CAST(ts AS DATE) AS day\nFROM events WHERE amount > 0;\n",
+        input.display(),
+        table.display()
+    )
+}
+
+/// Sorted event ids of `rows`.
+pub(crate) fn ids(rows: &[serde_json::Value]) -> Vec<String> {
+    let mut v: Vec<String> = rows
+        .iter()
+        .map(|r| r["event_id"].as_str().unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Sorted rows as canonical JSON strings: a multiset to compare tables.
+pub(crate) fn multiset(rows: &[serde_json::Value]) -> Vec<String> {
+    let mut v: Vec<String> = rows.iter().map(|r| r.to_string()).collect();
+    v.sort();
+    v
+}
+
+/// A small deterministic PRNG (xorshift), seeded per test run.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    /// Next value in `0..n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}

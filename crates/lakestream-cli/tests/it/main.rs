@@ -1,0 +1,9 @@
+//! End-to-end tests of the `lakestream` binary: real processes, real Delta
+//! tables, checked by Python `deltalake` and by `lakestream query`.
+
+mod common;
+mod crash;
+mod errors;
+mod faults;
+mod quickstart;
+mod signals;

@@ -1,0 +1,127 @@
+//! The README's quickstart, as a newcomer runs it.
+
+use crate::common::*;
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn quickstart_builds_a_delta_table_every_reader_agrees_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    copy_dir(&root().join("examples/data"), &dir.join("examples/data"));
+    std::fs::copy(
+        root().join("examples/quickstart.sql"),
+        dir.join("examples/quickstart.sql"),
+    )
+    .unwrap();
+    // The expected rows, straight from the input files.
+    let mut expected = Vec::new();
+    for e in std::fs::read_dir(dir.join("examples/data/events")).unwrap() {
+        for line in std::fs::read_to_string(e.unwrap().path()).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            if v["amount"].as_f64().unwrap() > 0.0 {
+                expected.push(v["event_id"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    expected.sort();
+    assert!(expected.len() > 100);
+
+    let args = [
+        "run",
+        "examples/quickstart.sql",
+        "--checkpoint",
+        "target/quickstart/_checkpoint",
+        "--trigger",
+        "available-now",
+        "--progress-json",
+    ];
+    let o = run_in(dir, &args);
+    assert!(o.status.success(), "{}", text(&o));
+    let progress: Vec<serde_json::Value> = String::from_utf8(o.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // 6 files, 2 per trigger: 3 batches, each one Delta commit.
+    assert_eq!(progress.len(), 3, "{}", text(&o));
+    for (i, p) in progress.iter().enumerate() {
+        assert_eq!(p["batch_id"], i as u64);
+        assert_eq!(p["table_version"], i as u64 + 1);
+        assert_eq!(p["input_rows"], 100);
+        for key in ["plan_ms", "write_ahead_ms", "execute_ms", "commit_ms"] {
+            assert!(p["durations"][key].is_number(), "{p}");
+        }
+        assert!(p["sources"]["events"]["end"].is_object(), "{p}");
+    }
+
+    let table = dir.join("target/quickstart/clean_events");
+    let rows = read_py(&table);
+    assert_eq!(
+        ids(&rows),
+        expected,
+        "python deltalake sees every kept event once"
+    );
+    let meta = meta_py(&table);
+    assert_eq!(meta["partition_columns"], serde_json::json!(["day"]));
+    assert_eq!(
+        meta["columns"],
+        serde_json::json!([
+            "event_id",
+            "user_id",
+            "country",
+            "event_type",
+            "amount",
+            "ts",
+            "day"
+        ])
+    );
+    // Joined with the static users table: known users get a country.
+    assert!(rows.iter().any(|r| r["country"].is_string()));
+
+    let ours = query(
+        dir,
+        "SELECT event_id FROM 'target/quickstart/clean_events' ORDER BY event_id",
+    );
+    assert_eq!(ids(&ours), expected, "lakestream query agrees with python");
+    let sums = query(
+        dir,
+        "SELECT count(*) AS n, sum(amount) AS total FROM 'target/quickstart/clean_events'",
+    );
+    let py_total: f64 = rows.iter().map(|r| r["amount"].as_f64().unwrap()).sum();
+    assert_eq!(sums[0]["n"], expected.len() as u64);
+    assert!((sums[0]["total"].as_f64().unwrap() - py_total).abs() < 1e-6);
+
+    // Running again finds nothing new and leaves the table as it is.
+    let o = run_in(dir, &args[..6]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(meta_py(&table)["version"], 3);
+
+    let o = run_in(
+        dir,
+        &[
+            "status",
+            "--checkpoint",
+            "target/quickstart/_checkpoint",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(status["last_planned_batch"], 2);
+    assert_eq!(status["last_committed_batch"], 2);
+    assert_eq!(status["table_version"], 3);
+    assert_eq!(status["running"], false);
+    assert_eq!(status["sources"]["events"]["files_taken"], 6);
+}
