@@ -538,6 +538,55 @@ async fn latest<T: serde::de::DeserializeOwned + Versioned>(
     }
 }
 
+/// Read `<checkpoint>/sources/<source>/<file>` (a source's private JSON
+/// state, such as an inferred schema), if present. Does not take the fence.
+pub async fn read_source_state(
+    location: &str,
+    options: &HashMap<String, String>,
+    source: &str,
+    file: &str,
+) -> Result<Option<serde_json::Value>> {
+    #[derive(Deserialize)]
+    struct Wrapper {
+        version: u32,
+        state: serde_json::Value,
+    }
+    impl Versioned for Wrapper {
+        fn format_version(&self) -> u32 {
+            self.version
+        }
+    }
+    let location = Location::parse(location, options)?;
+    let w: Option<Wrapper> = read_entry(&location, &format!("sources/{source}/{file}")).await?;
+    Ok(w.map(|w| w.state))
+}
+
+/// Write `<checkpoint>/sources/<source>/<file>` unless it exists; returns
+/// the state that is stored afterwards (the existing one wins, so every
+/// process of a query sees the same value).
+pub async fn init_source_state(
+    location: &str,
+    options: &HashMap<String, String>,
+    source: &str,
+    file: &str,
+    state: serde_json::Value,
+) -> Result<serde_json::Value> {
+    let loc = Location::parse(location, options)?;
+    loc.ensure_local_dir()?;
+    let path = loc.child(&format!("sources/{source}/{file}"));
+    let body = serde_json::json!({ "version": FORMAT_VERSION, "state": state });
+    match put_json(&loc, &path, &body, PutMode::Create).await {
+        Ok(()) => Ok(state),
+        Err(Error::Store {
+            source: object_store::Error::AlreadyExists { .. },
+            ..
+        }) => Ok(read_source_state(location, options, source, file)
+            .await?
+            .unwrap_or(state)),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -654,54 +703,5 @@ mod tests {
         assert_eq!(view.is_in_use(), Some(true));
         drop(c);
         assert_eq!(view.is_in_use(), Some(false));
-    }
-}
-
-/// Read `<checkpoint>/sources/<source>/<file>` (a source's private JSON
-/// state, such as an inferred schema), if present. Does not take the fence.
-pub async fn read_source_state(
-    location: &str,
-    options: &HashMap<String, String>,
-    source: &str,
-    file: &str,
-) -> Result<Option<serde_json::Value>> {
-    #[derive(Deserialize)]
-    struct Wrapper {
-        version: u32,
-        state: serde_json::Value,
-    }
-    impl Versioned for Wrapper {
-        fn format_version(&self) -> u32 {
-            self.version
-        }
-    }
-    let location = Location::parse(location, options)?;
-    let w: Option<Wrapper> = read_entry(&location, &format!("sources/{source}/{file}")).await?;
-    Ok(w.map(|w| w.state))
-}
-
-/// Write `<checkpoint>/sources/<source>/<file>` unless it exists; returns
-/// the state that is stored afterwards (the existing one wins, so every
-/// process of a query sees the same value).
-pub async fn init_source_state(
-    location: &str,
-    options: &HashMap<String, String>,
-    source: &str,
-    file: &str,
-    state: serde_json::Value,
-) -> Result<serde_json::Value> {
-    let loc = Location::parse(location, options)?;
-    loc.ensure_local_dir()?;
-    let path = loc.child(&format!("sources/{source}/{file}"));
-    let body = serde_json::json!({ "version": FORMAT_VERSION, "state": state });
-    match put_json(&loc, &path, &body, PutMode::Create).await {
-        Ok(()) => Ok(state),
-        Err(Error::Store {
-            source: object_store::Error::AlreadyExists { .. },
-            ..
-        }) => Ok(read_source_state(location, options, source, file)
-            .await?
-            .unwrap_or(state)),
-        Err(e) => Err(e),
     }
 }

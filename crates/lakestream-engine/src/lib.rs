@@ -33,16 +33,16 @@ pub use lakestream_source as source;
 pub enum Error {
     /// The checkpoint log failed or refused (in use, corrupt, unknown version).
     #[error(transparent)]
-    Checkpoint(#[from] lakestream_checkpoint::Error),
+    Checkpoint(Box<lakestream_checkpoint::Error>),
     /// A source failed: malformed input, missing file, bad option.
     #[error(transparent)]
-    Source(#[from] lakestream_source::Error),
+    Source(Box<lakestream_source::Error>),
     /// The sink failed: schema mismatch, write or commit error.
     #[error(transparent)]
-    Sink(#[from] lakestream_sink::Error),
+    Sink(Box<lakestream_sink::Error>),
     /// The job file is invalid.
     #[error(transparent)]
-    Job(#[from] lakestream_plan::Error),
+    Job(Box<lakestream_plan::Error>),
     /// The query is not valid or cannot be planned.
     #[error("query: {0}")]
     Query(String),
@@ -67,26 +67,48 @@ pub enum Error {
     Aborted,
 }
 
+// The wrapped errors are boxed: they carry paths and store errors, and a
+// large `Err` would bloat every `Result` on the batch path.
+impl From<lakestream_checkpoint::Error> for Error {
+    fn from(e: lakestream_checkpoint::Error) -> Self {
+        Error::Checkpoint(Box::new(e))
+    }
+}
+impl From<lakestream_source::Error> for Error {
+    fn from(e: lakestream_source::Error) -> Self {
+        Error::Source(Box::new(e))
+    }
+}
+impl From<lakestream_sink::Error> for Error {
+    fn from(e: lakestream_sink::Error) -> Self {
+        Error::Sink(Box::new(e))
+    }
+}
+impl From<lakestream_plan::Error> for Error {
+    fn from(e: lakestream_plan::Error) -> Self {
+        Error::Job(Box::new(e))
+    }
+}
+
 impl Error {
     /// True when the error is the checkpoint being held by another process.
     pub fn is_checkpoint_in_use(&self) -> bool {
-        matches!(
-            self,
-            Error::Checkpoint(lakestream_checkpoint::Error::InUse { .. })
-        )
+        matches!(self, Error::Checkpoint(e) if matches!(**e, lakestream_checkpoint::Error::InUse { .. }))
     }
 
     /// True when the error is in the job or query itself (fix the job, not
     /// the environment).
     pub fn is_user_error(&self) -> bool {
-        matches!(
-            self,
-            Error::Job(_)
-                | Error::Query(_)
-                | Error::Sink(lakestream_sink::Error::SchemaMismatch { .. })
-                | Error::Sink(lakestream_sink::Error::InvalidConfig { .. })
-                | Error::Source(lakestream_source::Error::InvalidOption { .. })
-        )
+        match self {
+            Error::Job(_) | Error::Query(_) => true,
+            Error::Sink(e) => matches!(
+                **e,
+                lakestream_sink::Error::SchemaMismatch { .. }
+                    | lakestream_sink::Error::InvalidConfig { .. }
+            ),
+            Error::Source(e) => matches!(**e, lakestream_source::Error::InvalidOption { .. }),
+            _ => false,
+        }
     }
 }
 

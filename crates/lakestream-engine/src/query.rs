@@ -601,7 +601,7 @@ impl Driver {
         let staged = self.execute(batch_id, entry.batch_timestamp_ms).await;
         for t in &self.tables {
             if let Some(e) = t.stats().error.lock().expect("stats lock").take() {
-                return Err(Error::Source(e));
+                return Err(Error::Source(Box::new(e)));
             }
         }
         let staged = staged?;

@@ -103,7 +103,7 @@ impl DeltaSink {
     fn table_err(&self, source: DeltaTableError) -> Error {
         Error::Table {
             table: self.name.clone(),
-            source,
+            source: Box::new(source),
         }
     }
 
@@ -312,7 +312,7 @@ impl Sink for DeltaSink {
             .map_err(|e| Error::Write {
                 table: self.name.clone(),
                 batch_id,
-                source: e,
+                source: Box::new(e),
             })?
             .with_writer_properties(props)
             .with_target_file_size(self.options.target_file_size);
@@ -391,7 +391,7 @@ impl Sink for DeltaSink {
                 Err(Error::Commit {
                     table: self.name.clone(),
                     batch_id: info.batch_id,
-                    source: err,
+                    source: Box::new(err),
                 })
             }
         }
@@ -424,7 +424,7 @@ impl BatchWriter for DeltaBatchWriter {
         self.writer.write(batch).await.map_err(|e| Error::Write {
             table: self.table.clone(),
             batch_id: self.batch_id,
-            source: e,
+            source: Box::new(e),
         })
     }
 
@@ -432,7 +432,7 @@ impl BatchWriter for DeltaBatchWriter {
         let adds = self.writer.flush().await.map_err(|e| Error::Write {
             table: self.table.clone(),
             batch_id: self.batch_id,
-            source: e,
+            source: Box::new(e),
         })?;
         let bytes = adds.iter().map(|a| a.size.max(0) as u64).sum();
         Ok(Staged {

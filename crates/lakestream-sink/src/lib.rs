@@ -54,7 +54,7 @@ pub enum Error {
         batch_id: u64,
         /// The underlying error.
         #[source]
-        source: deltalake::DeltaTableError,
+        source: Box<deltalake::DeltaTableError>,
     },
     /// The atomic commit failed; the batch is not in the table and may be
     /// retried.
@@ -66,7 +66,7 @@ pub enum Error {
         batch_id: u64,
         /// The underlying error.
         #[source]
-        source: deltalake::DeltaTableError,
+        source: Box<deltalake::DeltaTableError>,
     },
     /// Opening, creating or reading the table failed.
     #[error("table {table}: {source}")]
@@ -75,7 +75,7 @@ pub enum Error {
         table: String,
         /// The underlying error.
         #[source]
-        source: deltalake::DeltaTableError,
+        source: Box<deltalake::DeltaTableError>,
     },
     /// A location could not be resolved.
     #[error("sink: {0}")]

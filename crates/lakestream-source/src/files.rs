@@ -172,7 +172,7 @@ impl FileSource {
         };
         let store = location.store().clone();
         let path = Path::from(first.path.clone());
-        let file = format!("{}", first.path);
+        let file = first.path.clone();
         let malformed = |reason: String| Error::Malformed {
             source_name: name.to_string(),
             file: file.clone(),
@@ -408,7 +408,7 @@ async fn get_all(name: &str, store: &Arc<dyn ObjectStore>, path: &Path) -> Resul
 /// A streaming decoder for line-oriented text formats.
 enum TextDecoder {
     Json(arrow::json::reader::Decoder),
-    Csv(arrow::csv::reader::Decoder),
+    Csv(Box<arrow::csv::reader::Decoder>),
 }
 
 impl TextDecoder {
@@ -417,13 +417,13 @@ impl TextDecoder {
             FileFormat::Csv {
                 has_header,
                 delimiter,
-            } => Self::Csv(
+            } => Self::Csv(Box::new(
                 arrow::csv::ReaderBuilder::new(schema)
                     .with_header(*has_header)
                     .with_delimiter(*delimiter)
                     .with_batch_size(batch_size)
                     .build_decoder(),
-            ),
+            )),
             _ => Self::Json(
                 arrow::json::ReaderBuilder::new(schema)
                     .with_batch_size(batch_size)

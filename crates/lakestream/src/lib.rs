@@ -1,1 +1,47 @@
-//! placeholder
+//! lakestream: exactly-once micro-batch stream processing with DataFusion
+//! SQL into Delta Lake tables.
+//!
+//! ```text
+//!  Source ─► offsets/N (write-ahead) ─► DataFusion SQL over the batch ─► Parquet files
+//!                                                                           │
+//!  commits/N ◄──────────── one Delta commit: add actions + txn(query id, N) ◄┘
+//! ```
+//!
+//! This crate re-exports the library API: build a query from sources, a SQL
+//! string or a DataFusion `DataFrame`, a sink and a checkpoint with
+//! [`QueryBuilder`], start it, watch its progress and stop it through the
+//! [`QueryHandle`]. A batch replayed after a crash is skipped by the table's
+//! transaction record, so the table is the same as if nothing had failed.
+//!
+//! ```no_run
+//! # async fn demo() -> lakestream::Result<()> {
+//! use std::sync::Arc;
+//! use lakestream::{QueryBuilder, Trigger};
+//! use lakestream::source::generator::{GeneratorOptions, GeneratorSource};
+//! use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+//!
+//! let events = Arc::new(GeneratorSource::try_new("events", GeneratorOptions::default())?);
+//! let table = Arc::new(DeltaSink::try_new("target/events", DeltaSinkOptions::default())?);
+//! let summary = QueryBuilder::new()
+//!     .source(events)?
+//!     .sql("SELECT event_id, amount FROM events WHERE amount > 0")
+//!     .sink(table)
+//!     .checkpoint("target/events_checkpoint")
+//!     .trigger(Trigger::AvailableNow)
+//!     .run()
+//!     .await?;
+//! assert!(summary.output_rows > 0);
+//! # Ok(()) }
+//! ```
+//!
+//! The modules, one per concern:
+//! - [`checkpoint`]: the offsets/commits log and its fence.
+//! - [`source`]: the `Source` trait, files and generator sources.
+//! - [`plan`]: SQL job files and the streaming-shape checks.
+//! - [`sink`]: the `Sink` trait and the Delta sink.
+//! - [`job`]: running a SQL job file.
+
+pub use lakestream_engine::{
+    BatchProgress, Durations, Error, FailPoint, QueryBuilder, QueryHandle, QuerySummary, Result,
+    SourceProgress, StopHandle, Trigger, checkpoint, job, parse_duration, plan, sink, source,
+};
