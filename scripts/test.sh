@@ -10,6 +10,6 @@ fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
 export LAKESTREAM_PYTHON="$PWD/.venv/bin/python"
 
-cargo test --workspace --no-fail-fast
 # Examples must not rot: run the library example on its bundled data.
 cargo run --quiet -p lakestream --example embed
+cargo test --workspace --no-fail-fast

@@ -478,15 +478,10 @@ async fn text_stream(
     batch_size: usize,
 ) -> Result<BatchStream> {
     let path = Path::from(entry.path.clone());
-    let chunks = store
-        .get(&path)
-        .await
-        .map_err(|e| Error::Store {
-            source_name: name.clone(),
-            file: entry.path.clone(),
-            source: e,
-        })?
-        .into_stream();
+    let Some(got) = present(&name, &entry, store.get(&path).await)? else {
+        return Ok(vanished(&name, &entry));
+    };
+    let chunks = got.into_stream();
     let decoder =
         TextDecoder::new(&format, schema.clone(), batch_size).map_err(|reason| Error::Schema {
             source_name: name.clone(),
@@ -550,6 +545,31 @@ async fn next_text_batch(mut st: TextState) -> Result<Option<(RecordBatch, TextS
             }
         }
     }
+}
+
+/// `Ok(None)` when the store says the file does not exist.
+fn present<T>(name: &str, entry: &FileEntry, r: object_store::Result<T>) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(Error::Store {
+            source_name: name.to_string(),
+            file: entry.path.clone(),
+            source: e,
+        }),
+    }
+}
+
+/// A file planned into a batch that is gone when the batch runs: the user
+/// removed it (for example a malformed file, before restarting). Its rows are
+/// not in the table; say so loudly rather than fail forever.
+fn vanished(name: &str, entry: &FileEntry) -> BatchStream {
+    tracing::warn!(
+        source = name,
+        file = %entry.path,
+        "a file planned into this batch no longer exists; its rows are skipped"
+    );
+    stream::empty().boxed()
 }
 
 /// Turn a decode error into one naming the line: re-read the file (this is
@@ -630,6 +650,9 @@ async fn parquet_stream(
         line: None,
         reason,
     };
+    if present(&name, &entry, store.head(&path).await)?.is_none() {
+        return Ok(vanished(&name, &entry));
+    }
     let reader = ParquetObjectReader::new(store, path).with_file_size(entry.size);
     let builder = ParquetRecordBatchStreamBuilder::new(reader)
         .await

@@ -158,6 +158,68 @@ fn malformed_input_fails_the_batch_naming_file_and_line_then_a_fix_continues() {
 }
 
 #[test]
+fn removing_a_malformed_file_lets_the_job_continue_without_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    let mut expected = write_events(&input, 0, 1, 10);
+    std::fs::write(input.join("zz-bad.json"), "{\"event_id\": 12\n not json\n").unwrap();
+    std::fs::write(dir.join("job.sql"), events_job(&input, &dir.join("out"), 1)).unwrap();
+    let o = run_once(dir, "job.sql");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(stderr(&o).contains("zz-bad.json"), "{}", text(&o));
+    std::fs::remove_file(input.join("zz-bad.json")).unwrap();
+    let o = run_once(dir, "job.sql");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("no longer exists"),
+        "the skip is reported: {}",
+        text(&o)
+    );
+    // Later files are still taken.
+    expected.extend(write_events(&input, 1, 1, 10));
+    let o = run_once(dir, "job.sql");
+    assert!(o.status.success(), "{}", text(&o));
+    expected.sort();
+    assert_eq!(ids(&read_py(&dir.join("out"))), expected);
+}
+
+#[test]
+fn a_stream_without_declared_columns_gets_its_schema_inferred_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    let mut expected = write_events(&input, 0, 1, 10);
+    let job = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS JSON LOCATION '{}';\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}';\n\
+         INSERT INTO out SELECT event_id, amount FROM events WHERE amount > 0;\n",
+        input.display(),
+        dir.join("out").display()
+    );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let o = run_once(dir, "job.sql");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(dir.join("ckpt/sources/events/schema").exists());
+    // A later file with an extra field does not change the stored schema.
+    std::fs::write(
+        input.join("zz-more.json"),
+        "{\"event_id\":\"x-1\",\"amount\":2.5,\"extra\":true}\n",
+    )
+    .unwrap();
+    expected.push("x-1".into());
+    let o = run_once(dir, "job.sql");
+    assert!(o.status.success(), "{}", text(&o));
+    expected.sort();
+    let rows = read_py(&dir.join("out"));
+    assert_eq!(ids(&rows), expected);
+    assert_eq!(
+        meta_py(&dir.join("out"))["columns"],
+        serde_json::json!(["event_id", "amount"])
+    );
+}
+
+#[test]
 fn a_query_that_does_not_fit_the_table_is_refused_before_writing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
