@@ -342,6 +342,26 @@ impl Checkpoint {
         latest(&self.location, "commits").await
     }
 
+    /// A source's private state file `sources/<source>/<file>`, if present.
+    pub async fn source_state(
+        &self,
+        source: &str,
+        file: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        read_state_at(&self.location, source, file).await
+    }
+
+    /// Write `sources/<source>/<file>` unless it exists; returns what is
+    /// stored afterwards (an existing value wins).
+    pub async fn init_source_state(
+        &self,
+        source: &str,
+        file: &str,
+        state: serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        init_state_at(&self.location, source, file, state).await
+    }
+
     /// Every planned batch id, ascending.
     pub async fn offset_ids(&self) -> Result<Vec<u64>> {
         list_ids(&self.location, "offsets").await
@@ -546,19 +566,47 @@ pub async fn read_source_state(
     source: &str,
     file: &str,
 ) -> Result<Option<serde_json::Value>> {
-    #[derive(Deserialize)]
-    struct Wrapper {
-        version: u32,
-        state: serde_json::Value,
-    }
-    impl Versioned for Wrapper {
-        fn format_version(&self) -> u32 {
-            self.version
-        }
-    }
     let location = Location::parse(location, options)?;
-    let w: Option<Wrapper> = read_entry(&location, &format!("sources/{source}/{file}")).await?;
+    read_state_at(&location, source, file).await
+}
+
+#[derive(Deserialize)]
+struct StateWrapper {
+    version: u32,
+    state: serde_json::Value,
+}
+
+impl Versioned for StateWrapper {
+    fn format_version(&self) -> u32 {
+        self.version
+    }
+}
+
+async fn read_state_at(
+    location: &Location,
+    source: &str,
+    file: &str,
+) -> Result<Option<serde_json::Value>> {
+    let w: Option<StateWrapper> = read_entry(location, &format!("sources/{source}/{file}")).await?;
     Ok(w.map(|w| w.state))
+}
+
+async fn init_state_at(
+    loc: &Location,
+    source: &str,
+    file: &str,
+    state: serde_json::Value,
+) -> Result<serde_json::Value> {
+    let path = loc.child(&format!("sources/{source}/{file}"));
+    let body = serde_json::json!({ "version": FORMAT_VERSION, "state": state });
+    match put_json(loc, &path, &body, PutMode::Create).await {
+        Ok(()) => Ok(state),
+        Err(Error::Store {
+            source: object_store::Error::AlreadyExists { .. },
+            ..
+        }) => Ok(read_state_at(loc, source, file).await?.unwrap_or(state)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Write `<checkpoint>/sources/<source>/<file>` unless it exists; returns
@@ -573,18 +621,7 @@ pub async fn init_source_state(
 ) -> Result<serde_json::Value> {
     let loc = Location::parse(location, options)?;
     loc.ensure_local_dir()?;
-    let path = loc.child(&format!("sources/{source}/{file}"));
-    let body = serde_json::json!({ "version": FORMAT_VERSION, "state": state });
-    match put_json(&loc, &path, &body, PutMode::Create).await {
-        Ok(()) => Ok(state),
-        Err(Error::Store {
-            source: object_store::Error::AlreadyExists { .. },
-            ..
-        }) => Ok(read_source_state(location, options, source, file)
-            .await?
-            .unwrap_or(state)),
-        Err(e) => Err(e),
-    }
+    init_state_at(&loc, source, file, state).await
 }
 
 #[cfg(test)]

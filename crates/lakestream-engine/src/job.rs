@@ -49,6 +49,20 @@ const GENERATOR_OPTIONS: &[&str] = &[
     "max_rows_per_trigger",
     "batch_size",
 ];
+/// Options of a Kafka table (plus any `kafka.*` librdkafka setting).
+const KAFKA_OPTIONS: &[&str] = &[
+    "format",
+    "starting_offsets",
+    "starting_timestamp",
+    "ending_offsets",
+    "max_offsets_per_trigger",
+    "fail_on_data_loss",
+    "topic_pattern",
+    "read_timeout",
+    "request_timeout",
+    "commit_offsets_to_group",
+    "batch_size",
+];
 /// Options of the Delta output table.
 const DELTA_SINK_OPTIONS: &[&str] = &["target_file_size", "compression"];
 
@@ -142,7 +156,9 @@ fn describe(s: &Schema) -> String {
 
 fn check_options(job: &Job, t: &TableDecl, allowed: &[&str]) -> Result<()> {
     for key in t.options.keys() {
-        if !allowed.contains(&key.as_str()) && !key.starts_with("aws.") {
+        let passthrough =
+            key.starts_with("aws.") || (t.format == "KAFKA" && key.starts_with("kafka."));
+        if !allowed.contains(&key.as_str()) && !passthrough {
             return Err(job
                 .error(
                     t.pos,
@@ -202,6 +218,9 @@ fn store_options(t: &TableDecl, base: &HashMap<String, String>) -> HashMap<Strin
 }
 
 async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result<Arc<dyn Source>> {
+    if t.format == "KAFKA" {
+        return kafka_source(job, t);
+    }
     if t.format == "GENERATOR" {
         check_options(job, t, GENERATOR_OPTIONS)?;
         let mut g = GeneratorOptions {
@@ -286,6 +305,154 @@ async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result
         &store_opts,
         schema,
         fo,
+    )?))
+}
+
+fn kafka_source(job: &Job, t: &TableDecl) -> Result<Arc<dyn Source>> {
+    use lakestream_source::kafka::{
+        EndingOffsets, KafkaSource, KafkaSourceOptions, StartingOffsets, Topics, ValueFormat,
+    };
+    check_options(job, t, KAFKA_OPTIONS)?;
+    let err = |msg: String| -> Error { job.error(t.pos, msg).into() };
+    let rest = t.location.strip_prefix("kafka://").ok_or_else(|| {
+        err(format!(
+            "a KAFKA table's LOCATION is kafka://HOST:PORT[,HOST:PORT]/TOPIC[,TOPIC], got {:?}",
+            t.location
+        ))
+    })?;
+    let (servers, topics) = rest.split_once('/').unwrap_or((rest, ""));
+    let topics: Vec<String> = topics
+        .split(',')
+        .map(|s| s.trim().trim_end_matches('/').to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let topics = match (t.options.get("topic_pattern"), topics.is_empty()) {
+        (Some(p), true) => Topics::Pattern(
+            regex::Regex::new(p).map_err(|e| err(format!("topic_pattern {p:?}: {e}")))?,
+        ),
+        (None, false) => Topics::List(topics),
+        (Some(_), false) => {
+            return Err(err(
+                "name topics in LOCATION or give 'topic_pattern', not both".into(),
+            ));
+        }
+        (None, true) => {
+            return Err(err(format!(
+                "no topic: write LOCATION 'kafka://{servers}/TOPIC' or set 'topic_pattern'"
+            )));
+        }
+    };
+    if servers.is_empty() {
+        return Err(err("no bootstrap servers in LOCATION".into()));
+    }
+    let mut o = KafkaSourceOptions::new(servers, topics);
+    o.format = match t
+        .options
+        .get("format")
+        .map(|s| s.to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("json") => ValueFormat::Json,
+        Some("raw") => ValueFormat::Raw,
+        Some("string") => ValueFormat::String,
+        Some(other) => {
+            return Err(err(format!(
+                "format {other:?} is not supported: use json, raw or string"
+            )));
+        }
+    };
+    let offsets_map = |key: &str,
+                       v: &str|
+     -> Result<
+        std::collections::BTreeMap<String, std::collections::BTreeMap<i32, i64>>,
+    > {
+        let raw: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>> =
+            serde_json::from_str(v).map_err(|e| {
+                err(format!(
+                    "option {key}: expected 'earliest', 'latest' or a JSON map like {{\"topic\": {{\"0\": 42}}}}: {e}"
+                ))
+            })?;
+        raw.into_iter()
+            .map(|(t, ps)| {
+                let ps = ps
+                    .into_iter()
+                    .map(|(p, o)| {
+                        p.parse::<i32>().map(|p| (p, o)).map_err(|_| {
+                            err(format!("option {key}: partition {p:?} is not a number"))
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                Ok((t, ps))
+            })
+            .collect()
+    };
+    match (
+        t.options.get("starting_offsets"),
+        t.options.get("starting_timestamp"),
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "give 'starting_offsets' or 'starting_timestamp', not both".into(),
+            ));
+        }
+        (None, Some(ts)) => {
+            o.starting_offsets = StartingOffsets::Timestamp(ts.parse().map_err(|_| {
+                err(format!(
+                    "starting_timestamp must be milliseconds since the epoch, got {ts:?}"
+                ))
+            })?)
+        }
+        (Some(v), None) => {
+            o.starting_offsets = match v.as_str() {
+                "earliest" => StartingOffsets::Earliest,
+                "latest" => StartingOffsets::Latest,
+                json => StartingOffsets::Map(offsets_map("starting_offsets", json)?),
+            }
+        }
+        (None, None) => {}
+    }
+    if let Some(v) = t.options.get("ending_offsets") {
+        o.ending_offsets = Some(match v.as_str() {
+            "latest" => EndingOffsets::Latest,
+            json => EndingOffsets::Map(offsets_map("ending_offsets", json)?),
+        });
+    }
+    o.max_offsets_per_trigger = opt_num(job, t, "max_offsets_per_trigger")?;
+    if let Some(v) = t.options.get("fail_on_data_loss") {
+        o.fail_on_data_loss = match v.to_ascii_lowercase().as_str() {
+            "true" => true,
+            "false" => false,
+            _ => {
+                return Err(err(format!(
+                    "fail_on_data_loss must be true or false, got {v:?}"
+                )));
+            }
+        };
+    }
+    for (key, field) in [("read_timeout", 0), ("request_timeout", 1)] {
+        if let Some(v) = t.options.get(key) {
+            let d = crate::parse_duration(v)
+                .ok_or_else(|| err(format!("{key} must be a duration like 30s, got {v:?}")))?;
+            if field == 0 {
+                o.read_timeout = d;
+            } else {
+                o.request_timeout = d;
+            }
+        }
+    }
+    o.commit_group = t.options.get("commit_offsets_to_group").cloned();
+    if let Some(b) = opt_num(job, t, "batch_size")? {
+        o.batch_size = b as usize;
+    }
+    for (k, v) in &t.options {
+        if let Some(rest) = k.strip_prefix("kafka.") {
+            o.client_config.insert(rest.to_string(), v.clone());
+        }
+    }
+    Ok(Arc::new(KafkaSource::try_new(
+        &t.name,
+        t.schema.clone(),
+        o,
     )?))
 }
 

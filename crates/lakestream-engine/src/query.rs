@@ -452,6 +452,24 @@ impl Driver {
                 report(p, &mut summary);
             }
         }
+        // A source's starting point is resolved once and kept in the
+        // checkpoint, so restarting before the first batch does not move it.
+        for t in &self.tables {
+            let name = t.source().name().to_string();
+            if prev.get(&name).is_some_and(|p| p.is_some()) {
+                continue;
+            }
+            let stored = match self.ckpt.source_state(&name, "initial").await? {
+                Some(v) => Some(v),
+                None => match t.source().initial_offset().await? {
+                    Some(v) => Some(self.ckpt.init_source_state(&name, "initial", v).await?),
+                    None => None,
+                },
+            };
+            if stored.is_some() {
+                prev.insert(name, stored);
+            }
+        }
         if matches!(self.trigger, Trigger::AvailableNow) {
             for t in &self.tables {
                 t.source().freeze().await?;
@@ -469,7 +487,7 @@ impl Driver {
             for t in &self.tables {
                 let name = t.source().name().to_string();
                 let start = prev.get(&name).cloned().flatten();
-                let end = t.source().plan(start.as_ref()).await?;
+                let end = plan_with_retry(t.source().as_ref(), start.as_ref(), &mut stop).await?;
                 any |= end.is_some();
                 sources.insert(
                     name,
@@ -707,6 +725,35 @@ impl Driver {
             writer.write(batch.map_err(exec_err)?).await?;
         }
         Ok(writer.finish().await?)
+    }
+}
+
+/// Ask `source` for its next range; while it reports a transient failure
+/// (a broker or store briefly unavailable), wait with backoff and say so.
+async fn plan_with_retry(
+    source: &dyn Source,
+    start: Option<&serde_json::Value>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Option<serde_json::Value>> {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match source.plan(start).await {
+            Ok(end) => return Ok(end),
+            Err(e) if e.is_transient() && !*stop.borrow() => {
+                tracing::warn!(
+                    source = source.name(),
+                    error = %e,
+                    "source unavailable; waiting {:?} before planning again",
+                    delay
+                );
+                wait(stop, delay).await;
+                if *stop.borrow() {
+                    return Ok(None);
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

@@ -20,6 +20,7 @@
 
 pub mod files;
 pub mod generator;
+pub mod kafka;
 
 use std::fmt::Debug;
 
@@ -31,6 +32,50 @@ use futures::stream::BoxStream;
 /// Errors of the sources. Each names the source and the thing that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A Kafka record could not be decoded.
+    #[error(
+        "source {source_name}: malformed record at topic {topic} partition {partition} offset \
+         {offset}: {reason}; the batch was not written and re-runs from the checkpoint"
+    )]
+    KafkaMalformed {
+        /// The source's table name.
+        source_name: String,
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Offset.
+        offset: i64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Planned Kafka offsets no longer exist.
+    #[error(
+        "source {source_name}: data loss on topic {topic} partition {partition}: {detail}; \
+         set 'fail_on_data_loss' 'false' to skip to the earliest available offset and continue"
+    )]
+    DataLoss {
+        /// The source's table name.
+        source_name: String,
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// What was found.
+        detail: String,
+    },
+    /// A Kafka request failed.
+    #[error("source {source_name}: kafka: {what}: {reason}")]
+    Kafka {
+        /// The source's table name.
+        source_name: String,
+        /// What was being done.
+        what: String,
+        /// librdkafka's message.
+        reason: String,
+        /// Whether retrying later may succeed (broker down, timeout).
+        transient: bool,
+    },
     /// A record could not be decoded.
     #[error(
         "source {source_name}: malformed input in {file}{}: {reason}; fix or remove the file \
@@ -99,6 +144,25 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether a later attempt may succeed without anything being changed
+    /// (a broker or store that is briefly unavailable).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Kafka { transient, .. } => *transient,
+            Error::Store { source, .. } => !matches!(
+                source,
+                object_store::Error::NotFound { .. }
+                    | object_store::Error::InvalidPath { .. }
+                    | object_store::Error::NotSupported { .. }
+                    | object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -123,6 +187,16 @@ pub trait Source: Send + Sync + Debug {
 
     /// The schema of every batch this source produces.
     fn schema(&self) -> SchemaRef;
+
+    /// Where the query starts reading this source, resolved once when the
+    /// query first runs (for example Kafka's `starting_offsets: latest`).
+    /// The engine stores it in the checkpoint and passes it as the `start`
+    /// of the first batch, so a restart before the first batch does not
+    /// move the starting point. `None` (the default): the first batch's
+    /// start is `None`.
+    async fn initial_offset(&self) -> Result<Option<Offset>> {
+        Ok(None)
+    }
 
     /// Restore what the source needs to know about batches already planned
     /// (`ends` holds each planned batch's end offset, in batch order). Called

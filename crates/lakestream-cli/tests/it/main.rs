@@ -1,9 +1,11 @@
 //! End-to-end tests of the `lakestream` binary: real processes, real Delta
 //! tables, checked by Python `deltalake` and by `lakestream query`.
 
+mod broker;
 mod common;
 mod crash;
 mod errors;
 mod faults;
+mod kafka;
 mod quickstart;
 mod signals;

@@ -1,0 +1,358 @@
+//! The Kafka source against a real Kafka-protocol broker process.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::broker::{Broker, kafka_job, orders};
+use crate::common::*;
+
+fn run_job(dir: &std::path::Path, ckpt: &str) -> std::process::Output {
+    run_in(
+        dir,
+        &[
+            "run",
+            "job.sql",
+            "--checkpoint",
+            ckpt,
+            "--trigger",
+            "available-now",
+            "--progress-json",
+        ],
+    )
+}
+
+fn order_ids(rows: &[serde_json::Value]) -> Vec<String> {
+    let mut v: Vec<String> = rows
+        .iter()
+        .map(|r| r["order_id"].as_str().unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+fn expected_ids(records: &[(String, String)]) -> Vec<String> {
+    let mut v: Vec<String> = records
+        .iter()
+        .map(|(_, v)| {
+            serde_json::from_str::<serde_json::Value>(v).unwrap()["order_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn kafka_to_delta_exactly_once_through_sigkills() {
+    let broker = Broker::start();
+    broker.create_topic("orders", 4);
+    let records = orders(0, 1200);
+    let placed = broker.produce("orders", 4, &records);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(
+            &broker.bootstrap(),
+            "orders",
+            "out",
+            "'max_offsets_per_trigger' '60', 'kafka.sasl.password' 'hunter2-do-not-print'",
+        ),
+    )
+    .unwrap();
+    let mut rng = Rng(0x5eed_u64 ^ std::process::id() as u64 | 1);
+    let mut kills = 0;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut outputs = String::new();
+    loop {
+        assert!(Instant::now() < deadline, "kafka crash loop took too long");
+        let mut child = bin()
+            .current_dir(dir)
+            .args([
+                "run",
+                "job.sql",
+                "--checkpoint",
+                "ckpt",
+                "--trigger",
+                "available-now",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if kills < 6 {
+            let delay = Duration::from_millis(100 + rng.below(700));
+            let start = Instant::now();
+            while start.elapsed() < delay && child.try_wait().unwrap().is_none() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap();
+                let out = child.wait_with_output().unwrap();
+                outputs.push_str(&text(&out));
+                kills += 1;
+                continue;
+            }
+        }
+        let out = child.wait_with_output().unwrap();
+        outputs.push_str(&text(&out));
+        assert!(out.status.success(), "{}", text(&out));
+        break;
+    }
+    eprintln!("killed {kills} times");
+    assert!(kills >= 2, "only {kills} kills landed");
+    let rows = read_py(&dir.join("out"));
+    assert_eq!(
+        order_ids(&rows),
+        expected_ids(&records),
+        "every record exactly once"
+    );
+    // The metadata columns say where each row came from.
+    let mut seen: Vec<(i64, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["_partition"].as_i64().unwrap(),
+                r["_offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let mut want: Vec<(i64, i64)> = placed.iter().map(|(p, o)| (*p as i64, *o)).collect();
+    want.sort();
+    assert_eq!(seen, want);
+    assert!(rows.iter().all(|r| r["_topic"] == "orders"));
+    // Secrets never reach output or the checkpoint.
+    assert!(!outputs.contains("hunter2"), "a secret was printed");
+    let status = run_in(dir, &["status", "--checkpoint", "ckpt"]);
+    assert!(!text(&status).contains("hunter2"));
+    for e in std::fs::read_dir(dir.join("ckpt/offsets")).unwrap() {
+        assert!(
+            !std::fs::read_to_string(e.unwrap().path())
+                .unwrap()
+                .contains("hunter2")
+        );
+    }
+}
+
+#[test]
+fn kafka_continuous_mode_with_producers_then_sigterm() {
+    let broker = Broker::start();
+    broker.create_topic("live", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(&broker.bootstrap(), "live", "out", ""),
+    )
+    .unwrap();
+    let mut child = bin()
+        .current_dir(dir)
+        .args([
+            "run",
+            "job.sql",
+            "--checkpoint",
+            "ckpt",
+            "--trigger",
+            "200ms",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut all = Vec::new();
+    for round in 0..5 {
+        let batch = orders(round * 40, 40);
+        broker.produce("live", 2, &batch);
+        all.extend(batch);
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let want = expected_ids(&all);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let table = dir.join("out/_delta_log");
+        if table.exists() {
+            let n = query(dir, "SELECT count(*) AS n FROM 'out'");
+            if n[0]["n"] == want.len() as u64 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the job did not catch up");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    crate::errors::unsafe_kill(child.id(), 15);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(order_ids(&read_py(&dir.join("out"))), want);
+}
+
+#[test]
+fn kafka_starting_and_ending_offsets() {
+    let broker = Broker::start();
+    broker.create_topic("t", 2);
+    let first = orders(0, 20);
+    broker.produce("t", 2, &first);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+
+    // latest: what was there before the first plan is not read.
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(
+            &broker.bootstrap(),
+            "t",
+            "latest",
+            "'starting_offsets' 'latest'",
+        ),
+    )
+    .unwrap();
+    let o = run_job(dir, "ck_latest");
+    assert!(o.status.success(), "{}", text(&o));
+    let second = orders(100, 10);
+    broker.produce("t", 2, &second);
+    let o = run_job(dir, "ck_latest");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        order_ids(&read_py(&dir.join("latest"))),
+        expected_ids(&second)
+    );
+
+    // A per-partition map: partition 0 from offset 5, partition 1 from the start;
+    // ending offsets bound the read (a backfill of a fixed range).
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(
+            &broker.bootstrap(),
+            "t",
+            "ranged",
+            r#"'starting_offsets' '{"t": {"0": 5, "1": -2}}', 'ending_offsets' '{"t": {"0": 8, "1": 3}}'"#,
+        ),
+    )
+    .unwrap();
+    let o = run_job(dir, "ck_ranged");
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_py(&dir.join("ranged"));
+    let mut got: Vec<(i64, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["_partition"].as_i64().unwrap(),
+                r["_offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![(0, 5), (0, 6), (0, 7), (1, 0), (1, 1), (1, 2)]);
+    // Bounded: later records are never read by this job.
+    broker.produce("t", 2, &orders(200, 10));
+    let o = run_job(dir, "ck_ranged");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(read_py(&dir.join("ranged")).len(), 6);
+}
+
+#[test]
+fn kafka_partitions_that_appear_later_are_read_from_their_start() {
+    // The broker cannot add partitions to a topic (CreatePartitions is not
+    // supported), so new partitions arrive as a new topic matching
+    // `topic_pattern`: the planner treats both the same way.
+    let broker = Broker::start();
+    broker.create_topic("grow-a", 2);
+    let mut all = orders(0, 20);
+    broker.produce("grow-a", 2, &all);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let job = kafka_job(&broker.bootstrap(), "", "out", "'topic_pattern' '^grow-'").replace(
+        &format!("{}/'", broker.bootstrap()),
+        &format!("{}'", broker.bootstrap()),
+    );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let o = run_job(dir, "ckpt");
+    assert!(o.status.success(), "{}", text(&o));
+    broker.create_topic("grow-b", 3);
+    let more = orders(50, 30);
+    broker.produce("grow-b", 3, &more);
+    broker.create_topic("other", 1);
+    broker.produce("other", 1, &orders(900, 5));
+    all.extend(more);
+    let o = run_job(dir, "ckpt");
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_py(&dir.join("out"));
+    assert_eq!(order_ids(&rows), expected_ids(&all));
+    assert!(
+        rows.iter()
+            .any(|r| r["_topic"] == "grow-b" && r["_partition"] == 2)
+    );
+}
+
+#[test]
+fn kafka_malformed_records_and_lost_offsets_are_clear_errors() {
+    let broker = Broker::start();
+    broker.create_topic("bad", 1);
+    broker.produce("bad", 1, &orders(0, 3));
+    broker.produce(
+        "bad",
+        1,
+        &[(
+            "k".into(),
+            "{\"order_id\": \"x\", \"amount\": \"much\"}".into(),
+        )],
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(&broker.bootstrap(), "bad", "out", ""),
+    )
+    .unwrap();
+    let o = run_job(dir, "ckpt");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("topic bad partition 0 offset 3"),
+        "the error names the record: {err}"
+    );
+    assert!(
+        !dir.join("out/_delta_log/00000000000000000001.json")
+            .exists()
+    );
+
+    // The topic is recreated: the checkpoint's offsets are beyond its end.
+    let broker2 = Broker::start();
+    broker2.create_topic("gone", 1);
+    broker2.produce("gone", 1, &orders(0, 10));
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(&broker2.bootstrap(), "gone", "out2", ""),
+    )
+    .unwrap();
+    assert!(run_job(dir, "ckpt2").status.success());
+    broker2.delete_topic("gone");
+    broker2.create_topic("gone", 1);
+    broker2.produce("gone", 1, &orders(100, 3));
+    let o = run_job(dir, "ckpt2");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("data loss on topic gone partition 0"), "{err}");
+    // Told to accept the loss, the job skips forward and says so.
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(
+            &broker2.bootstrap(),
+            "gone",
+            "out2",
+            "'fail_on_data_loss' 'false'",
+        ),
+    )
+    .unwrap();
+    let o = run_job(dir, "ckpt2");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("data loss skipped"),
+        "{}",
+        text(&o)
+    );
+    let rows = read_py(&dir.join("out2"));
+    assert_eq!(rows.len(), 13);
+}

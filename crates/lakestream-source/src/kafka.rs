@@ -1,0 +1,1115 @@
+//! The Kafka source: exactly-once reads of topic partitions by offset range.
+//!
+//! Offsets live in lakestream's checkpoint, never in consumer-group commits:
+//! a batch's end offset maps every partition to the next offset to read, so
+//! `(start, end]` is "from `start[p]` up to, not including, `end[p]`" for each
+//! partition `p`. Reads use `assign()` with explicit offsets and stop at the
+//! planned end, so a replay reads exactly the same records.
+//!
+//! Planning reads each partition's watermarks. With `isolation.level =
+//! read_committed` (the default) the high watermark librdkafka reports is the
+//! last stable offset, so a batch never waits on an open transaction; offsets
+//! of aborted records and transaction markers are gaps the reader steps over
+//! by watching the consumer position, not by counting records.
+//!
+//! Broker calls of librdkafka block, so planning runs on tokio's blocking
+//! pool; reading uses librdkafka's async `StreamConsumer`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::array::{
+    ArrayRef, BinaryBuilder, Int32Builder, Int64Builder, RecordBatch, StringBuilder,
+    TimestampMillisecondBuilder,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset as KOffset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use crate::{BatchStream, Error, Offset, Result, Source};
+
+/// How record values are turned into columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueFormat {
+    /// One JSON object per record, decoded into the declared columns.
+    Json,
+    /// The value as bytes, in a `value` column.
+    Raw,
+    /// The value as UTF-8 text, in a `value` column.
+    String,
+}
+
+/// Where a partition starts when the query first sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartingOffsets {
+    /// The earliest available offset.
+    Earliest,
+    /// The high watermark at the first plan: only records produced later.
+    Latest,
+    /// Explicit offsets per topic and partition; `-2` earliest, `-1` latest.
+    /// Partitions not named start at the earliest offset.
+    Map(BTreeMap<String, BTreeMap<i32, i64>>),
+    /// The first offset at or after this timestamp (ms since the epoch).
+    Timestamp(i64),
+}
+
+/// Where a bounded source ends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EndingOffsets {
+    /// The high watermarks at the first plan.
+    Latest,
+    /// Explicit offsets (exclusive) per topic and partition; `-1` latest.
+    Map(BTreeMap<String, BTreeMap<i32, i64>>),
+}
+
+/// Which topics to read.
+#[derive(Debug, Clone)]
+pub enum Topics {
+    /// These topics.
+    List(Vec<String>),
+    /// Every topic whose name matches (re-evaluated at each trigger).
+    Pattern(regex::Regex),
+}
+
+/// Settings of a [`KafkaSource`].
+#[derive(Debug, Clone)]
+pub struct KafkaSourceOptions {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// Topics to read.
+    pub topics: Topics,
+    /// How values are decoded.
+    pub format: ValueFormat,
+    /// Where new partitions of the first batch start.
+    pub starting_offsets: StartingOffsets,
+    /// Makes the source bounded (backfills).
+    pub ending_offsets: Option<EndingOffsets>,
+    /// At most this many offsets per batch over all partitions, split in
+    /// proportion to each partition's backlog.
+    pub max_offsets_per_trigger: Option<u64>,
+    /// Fail when planned offsets are gone (default); `false` skips forward.
+    pub fail_on_data_loss: bool,
+    /// A planned range not read within this time fails the batch.
+    pub read_timeout: Duration,
+    /// Timeout of one metadata or watermark request.
+    pub request_timeout: Duration,
+    /// Commit each batch's end offsets to this consumer group, for lag
+    /// monitoring only (never read back).
+    pub commit_group: Option<String>,
+    /// Extra librdkafka settings (`security.protocol`, `sasl.*`, ...).
+    pub client_config: BTreeMap<String, String>,
+    /// Rows per record batch.
+    pub batch_size: usize,
+}
+
+impl KafkaSourceOptions {
+    /// Defaults for reading `topics` from `bootstrap_servers` as JSON.
+    pub fn new(bootstrap_servers: &str, topics: Topics) -> Self {
+        Self {
+            bootstrap_servers: bootstrap_servers.to_string(),
+            topics,
+            format: ValueFormat::Json,
+            starting_offsets: StartingOffsets::Earliest,
+            ending_offsets: None,
+            max_offsets_per_trigger: None,
+            fail_on_data_loss: true,
+            read_timeout: Duration::from_secs(120),
+            request_timeout: Duration::from_secs(10),
+            commit_group: None,
+            client_config: BTreeMap::new(),
+            batch_size: 8192,
+        }
+    }
+}
+
+/// Per topic, per partition: an offset.
+type PartitionOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
+
+/// The end offset of a Kafka batch (and the initial offset of a query).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KafkaOffset {
+    /// Next offset to read, per topic and partition.
+    pub partitions: PartitionOffsets,
+    /// The bound of a bounded source (`ending_offsets`), fixed when the
+    /// query first started and carried from batch to batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending: Option<PartitionOffsets>,
+    /// Partitions first seen in this batch, with the offset they start at.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub added: PartitionOffsets,
+    /// Partitions whose planned start was gone when this batch was planned
+    /// (`fail_on_data_loss = false`): the batch read from `resumed_at`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_loss: Vec<LostRange>,
+}
+
+/// A partition whose planned offsets no longer existed in the broker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LostRange {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// The offset the checkpoint expected to read next.
+    pub expected: i64,
+    /// The offset reading resumed at (the partition's earliest).
+    pub resumed_at: i64,
+}
+
+#[derive(Debug, Default)]
+struct KafkaState {
+    /// High watermarks fixed by `freeze` (available-now).
+    frozen: Option<PartitionOffsets>,
+}
+
+/// Reads Kafka topics; see the module docs.
+#[derive(Debug)]
+pub struct KafkaSource {
+    name: String,
+    options: KafkaSourceOptions,
+    value_schema: SchemaRef,
+    schema: SchemaRef,
+    state: Arc<Mutex<KafkaState>>,
+}
+
+/// Names of the metadata columns every Kafka table has, after its value
+/// columns.
+pub const METADATA_COLUMNS: [&str; 6] = [
+    "_key",
+    "_topic",
+    "_partition",
+    "_offset",
+    "_timestamp",
+    "_headers",
+];
+
+fn metadata_fields() -> Vec<Field> {
+    vec![
+        Field::new("_key", DataType::Binary, true),
+        Field::new("_topic", DataType::Utf8, false),
+        Field::new("_partition", DataType::Int32, false),
+        Field::new("_offset", DataType::Int64, false),
+        Field::new(
+            "_timestamp",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("_headers", DataType::Utf8, true),
+    ]
+}
+
+/// Config keys whose values are secrets: never logged or shown.
+pub fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password")
+        || k.contains("secret")
+        || k.contains("token")
+        || k.ends_with(".key")
+        || k.contains("key.pem")
+        || k.contains("sasl.jaas")
+        || k.contains("sasl.oauthbearer.config")
+}
+
+impl KafkaSource {
+    /// A Kafka source named `name`. `value_schema` gives the columns decoded
+    /// from JSON values (ignored for `raw` and `string`).
+    pub fn try_new(
+        name: &str,
+        value_schema: Option<SchemaRef>,
+        options: KafkaSourceOptions,
+    ) -> Result<Self> {
+        let value_schema = match options.format {
+            ValueFormat::Json => value_schema.ok_or_else(|| Error::InvalidOption {
+                source_name: name.to_string(),
+                option: "format".into(),
+                reason: "format 'json' needs the value's columns declared in the table".into(),
+            })?,
+            ValueFormat::Raw => Arc::new(Schema::new(vec![Field::new(
+                "value",
+                DataType::Binary,
+                true,
+            )])),
+            ValueFormat::String => {
+                Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
+            }
+        };
+        let mut fields: Vec<Field> = value_schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        for m in metadata_fields() {
+            if fields.iter().any(|f| f.name() == m.name()) {
+                return Err(Error::InvalidOption {
+                    source_name: name.to_string(),
+                    option: "columns".into(),
+                    reason: format!("column {} is reserved for Kafka metadata", m.name()),
+                });
+            }
+            fields.push(m);
+        }
+        Ok(Self {
+            name: name.to_string(),
+            schema: Arc::new(Schema::new(fields)),
+            value_schema,
+            options,
+            state: Arc::new(Mutex::new(KafkaState::default())),
+        })
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        client_config(&self.options)
+    }
+
+    fn parse(&self, v: &Offset) -> Result<KafkaOffset> {
+        serde_json::from_value(v.clone()).map_err(|e| Error::InvalidOffset {
+            source_name: self.name.clone(),
+            offset: v.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn kafka_err(&self, what: &str, e: KafkaError) -> Error {
+        Error::Kafka {
+            source_name: self.name.clone(),
+            what: what.to_string(),
+            reason: e.to_string(),
+            transient: is_transient(&e),
+        }
+    }
+}
+
+/// Errors that a later attempt may not see (broker down, timeouts).
+fn is_transient(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::NetworkException
+                | RDKafkaErrorCode::BrokerNotAvailable
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::NotCoordinator
+        )
+    ) || matches!(e, KafkaError::MetadataFetch(_))
+}
+
+fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &o.bootstrap_servers)
+        // `assign()` needs some group id; nothing is ever committed under it.
+        .set("group.id", "lakestream-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        .set("isolation.level", "read_committed")
+        // A planned offset that no longer exists must be an error, never a
+        // silent jump.
+        .set("auto.offset.reset", "error")
+        .set("client.id", "lakestream");
+    for (k, v) in &o.client_config {
+        c.set(k, v);
+    }
+    c
+}
+
+/// Planning state gathered from the broker.
+struct Watermarks {
+    /// (low, high) per topic and partition.
+    marks: BTreeMap<String, BTreeMap<i32, (i64, i64)>>,
+}
+
+fn fetch_watermarks(
+    consumer: &BaseConsumer,
+    topics: &Topics,
+    timeout: Duration,
+) -> Result<Watermarks, KafkaError> {
+    let md = consumer.fetch_metadata(None, timeout)?;
+    let mut marks = BTreeMap::new();
+    for t in md.topics() {
+        let wanted = match topics {
+            Topics::List(list) => list.iter().any(|n| n == t.name()),
+            Topics::Pattern(re) => !t.name().starts_with("__") && re.is_match(t.name()),
+        };
+        if !wanted {
+            continue;
+        }
+        if let Some(e) = t.error() {
+            return Err(KafkaError::MetadataFetch(e.into()));
+        }
+        let mut parts = BTreeMap::new();
+        for p in t.partitions() {
+            let (lo, hi) = consumer.fetch_watermarks(t.name(), p.id(), timeout)?;
+            parts.insert(p.id(), (lo, hi));
+        }
+        marks.insert(t.name().to_string(), parts);
+    }
+    if let Topics::List(list) = topics {
+        for n in list {
+            if !marks.contains_key(n) {
+                return Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::UnknownTopicOrPartition,
+                ));
+            }
+        }
+    }
+    Ok(Watermarks { marks })
+}
+
+/// Split `cap` offsets over partitions in proportion to their backlog; every
+/// partition with a backlog gets at least one offset while the cap allows.
+fn split_cap(backlogs: &[(usize, i64)], cap: u64) -> Vec<(usize, i64)> {
+    let total: i64 = backlogs.iter().map(|(_, b)| *b).sum();
+    if total <= cap as i64 {
+        return backlogs.to_vec();
+    }
+    let mut out: Vec<(usize, i64)> = backlogs
+        .iter()
+        .map(|(i, b)| (*i, ((*b as i128 * cap as i128) / total as i128) as i64))
+        .collect();
+    let mut left = cap as i64 - out.iter().map(|(_, n)| *n).sum::<i64>();
+    for (k, (_, b)) in backlogs.iter().enumerate() {
+        if left == 0 {
+            break;
+        }
+        if out[k].1 < *b {
+            out[k].1 += 1;
+            left -= 1;
+        }
+    }
+    out
+}
+
+#[async_trait]
+impl Source for KafkaSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    async fn recover(&self, ends: &[Offset]) -> Result<()> {
+        for e in ends {
+            self.parse(e)?;
+        }
+        Ok(())
+    }
+
+    async fn freeze(&self) -> Result<()> {
+        let marks = self.watermarks().await?;
+        let frozen = marks
+            .marks
+            .into_iter()
+            .map(|(t, ps)| (t, ps.into_iter().map(|(p, (_, hi))| (p, hi)).collect()))
+            .collect();
+        self.state.lock().expect("kafka state").frozen = Some(frozen);
+        Ok(())
+    }
+
+    async fn initial_offset(&self) -> Result<Option<Offset>> {
+        let marks = self.watermarks().await?;
+        let initial = KafkaOffset {
+            partitions: self.resolve_starting(&marks).await?,
+            ending: self
+                .options
+                .ending_offsets
+                .as_ref()
+                .map(|spec| resolve_ending(spec, &marks)),
+            added: PartitionOffsets::new(),
+            data_loss: Vec::new(),
+        };
+        Ok(Some(
+            serde_json::to_value(initial).expect("offset serializes"),
+        ))
+    }
+
+    async fn plan(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
+        let prev = match start {
+            Some(s) => self.parse(s)?,
+            // Used without an engine that stores the initial offset.
+            None => match self.initial_offset().await? {
+                Some(v) => self.parse(&v)?,
+                None => KafkaOffset::default(),
+            },
+        };
+        let marks = self.watermarks().await?;
+        let frozen = self.state.lock().expect("kafka state").frozen.clone();
+        let mut next = KafkaOffset {
+            ending: prev.ending.clone(),
+            ..Default::default()
+        };
+        // A partition without a start here is one the previous batches never
+        // saw; it is recorded in `added` with the offset it starts at.
+        let mut rows: Vec<(String, i32, i64, i64)> = Vec::new(); // topic, partition, start, limit
+        for (topic, parts) in &marks.marks {
+            for (&p, &(lo, hi)) in parts {
+                // A partition (or topic) that appeared after the query started
+                // is read from its earliest offset.
+                let known = prev.partitions.get(topic).and_then(|m| m.get(&p)).copied();
+                let mut s = known.unwrap_or(lo);
+                if known.is_none() {
+                    next.added.entry(topic.clone()).or_default().insert(p, lo);
+                }
+                if s < lo || s > hi {
+                    // Planned offsets are gone: retention deleted them, or
+                    // the topic was recreated and its offsets restarted.
+                    let detail = if s < lo {
+                        format!("offsets {s}..{lo} are no longer available (earliest is {lo})")
+                    } else {
+                        format!(
+                            "the checkpoint expects offset {s} but the partition ends at {hi}: \
+                             was the topic recreated?"
+                        )
+                    };
+                    if self.options.fail_on_data_loss {
+                        return Err(Error::DataLoss {
+                            source_name: self.name.clone(),
+                            topic: topic.clone(),
+                            partition: p,
+                            detail,
+                        });
+                    }
+                    tracing::warn!(
+                        source = %self.name, topic = %topic, partition = p, %detail,
+                        "data loss: skipping forward (fail_on_data_loss = false)"
+                    );
+                    next.data_loss.push(LostRange {
+                        topic: topic.clone(),
+                        partition: p,
+                        expected: s,
+                        resumed_at: lo,
+                    });
+                    s = lo;
+                }
+                let mut limit = hi;
+                if let Some(e) = prev.ending.as_ref().and_then(|e| e.get(topic)) {
+                    // A bounded source reads no partition it did not know
+                    // when it started.
+                    limit = limit.min(e.get(&p).copied().unwrap_or(s));
+                }
+                if let Some(f) = frozen.as_ref() {
+                    // Nor, under available-now, one that appeared later.
+                    limit = limit.min(f.get(topic).and_then(|m| m.get(&p)).copied().unwrap_or(s));
+                }
+                rows.push((topic.clone(), p, s, limit.max(s)));
+            }
+        }
+        let backlogs: Vec<(usize, i64)> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, s, l))| (i, l - s))
+            .collect();
+        let takes = match self.options.max_offsets_per_trigger {
+            Some(cap) => split_cap(&backlogs, cap),
+            None => backlogs.clone(),
+        };
+        let mut any = !next.data_loss.is_empty();
+        for (i, take) in takes {
+            let (topic, p, s, _) = &rows[i];
+            any |= take > 0;
+            next.partitions
+                .entry(topic.clone())
+                .or_default()
+                .insert(*p, s + take);
+        }
+        if !any {
+            return Ok(None);
+        }
+        Ok(Some(serde_json::to_value(next).expect("offset serializes")))
+    }
+
+    fn read(
+        &self,
+        start: Option<&Offset>,
+        end: &Offset,
+        partitions: usize,
+    ) -> Result<Vec<BatchStream>> {
+        let end = self.parse(end)?;
+        let start = match start {
+            Some(s) => self.parse(s)?,
+            None => KafkaOffset::default(),
+        };
+        let ranges = self.ranges(&start, &end)?;
+        let n = partitions.max(1).min(ranges.len().max(1));
+        let mut groups: Vec<Vec<(String, i32, i64, i64)>> = vec![Vec::new(); n];
+        for (i, r) in ranges.into_iter().enumerate() {
+            groups[i % n].push(r);
+        }
+        Ok(groups
+            .into_iter()
+            .filter(|g| !g.is_empty())
+            .map(|g| self.range_stream(g))
+            .collect())
+    }
+
+    fn describe(&self, start: Option<&Offset>, end: &Offset) -> String {
+        let Ok(end) = self.parse(end) else {
+            return "offsets ?".into();
+        };
+        let start = start.and_then(|s| self.parse(s).ok()).unwrap_or_default();
+        let ranges = self.ranges(&start, &end).unwrap_or_default();
+        let total: i64 = ranges.iter().map(|(_, _, s, e)| e - s).sum();
+        let parts = ranges.len();
+        let mut d = format!("{total} offsets over {parts} partitions");
+        for l in &end.data_loss {
+            d.push_str(&format!(
+                "; data loss skipped {}/{}: expected offset {}, resumed at {}",
+                l.topic, l.partition, l.expected, l.resumed_at
+            ));
+        }
+        d
+    }
+
+    async fn committed(&self, end: &Offset) -> Result<()> {
+        let Some(group) = self.options.commit_group.clone() else {
+            return Ok(());
+        };
+        let end = self.parse(end)?;
+        let mut cfg = self.client_config();
+        cfg.set("group.id", &group);
+        let name = self.name.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let consumer: BaseConsumer = cfg.create().map_err(|e| Error::Kafka {
+                source_name: name.clone(),
+                what: "create consumer".into(),
+                reason: e.to_string(),
+                transient: false,
+            })?;
+            let mut tpl = TopicPartitionList::new();
+            for (t, ps) in &end.partitions {
+                for (p, o) in ps {
+                    let _ = tpl.add_partition_offset(t, *p, KOffset::Offset(*o));
+                }
+            }
+            consumer
+                .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
+                .map_err(|e| Error::Kafka {
+                    source_name: name,
+                    what: format!("commit offsets to group {group} (monitoring only)"),
+                    reason: e.to_string(),
+                    transient: true,
+                })
+        })
+        .await
+        .unwrap_or(Ok(()))
+    }
+}
+
+fn resolve_ending(spec: &EndingOffsets, marks: &Watermarks) -> PartitionOffsets {
+    let mut out = PartitionOffsets::new();
+    for (t, ps) in &marks.marks {
+        for (&p, &(_, hi)) in ps {
+            let e = match spec {
+                EndingOffsets::Latest => hi,
+                EndingOffsets::Map(m) => match m.get(t).and_then(|x| x.get(&p)) {
+                    Some(-1) | None => hi,
+                    Some(e) => *e,
+                },
+            };
+            out.entry(t.clone()).or_default().insert(p, e);
+        }
+    }
+    out
+}
+
+impl KafkaSource {
+    /// `(topic, partition, first offset, end offset)` of each partition with
+    /// records between `start` and `end`.
+    fn ranges(
+        &self,
+        start: &KafkaOffset,
+        end: &KafkaOffset,
+    ) -> Result<Vec<(String, i32, i64, i64)>> {
+        let mut ranges = Vec::new();
+        for (topic, parts) in &end.partitions {
+            for (&p, &e) in parts {
+                let lost = end
+                    .data_loss
+                    .iter()
+                    .find(|l| &l.topic == topic && l.partition == p);
+                let s = match lost {
+                    Some(l) => Some(l.resumed_at),
+                    None => start
+                        .partitions
+                        .get(topic)
+                        .and_then(|m| m.get(&p))
+                        .or_else(|| end.added.get(topic).and_then(|m| m.get(&p)))
+                        .copied(),
+                };
+                let Some(s) = s else {
+                    return Err(Error::InvalidOffset {
+                        source_name: self.name.clone(),
+                        offset: format!("{topic}/{p}"),
+                        reason: "the partition has an end but no start".into(),
+                    });
+                };
+                if e > s {
+                    ranges.push((topic.clone(), p, s, e));
+                }
+            }
+        }
+        Ok(ranges)
+    }
+
+    async fn watermarks(&self) -> Result<Watermarks> {
+        let cfg = self.client_config();
+        let topics = self.options.topics.clone();
+        let timeout = self.options.request_timeout;
+        let name = self.name.clone();
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = cfg.create().map_err(|e| Error::Kafka {
+                source_name: name.clone(),
+                what: "create consumer".into(),
+                reason: e.to_string(),
+                transient: false,
+            })?;
+            fetch_watermarks(&consumer, &topics, timeout).map_err(|e| Error::Kafka {
+                source_name: name,
+                what: "read topic metadata and watermarks".into(),
+                transient: is_transient(&e),
+                reason: e.to_string(),
+            })
+        })
+        .await
+        .map_err(|e| Error::Kafka {
+            source_name: self.name.clone(),
+            what: "plan".into(),
+            reason: e.to_string(),
+            transient: false,
+        })?
+    }
+
+    async fn resolve_starting(&self, marks: &Watermarks) -> Result<PartitionOffsets> {
+        let mut out = PartitionOffsets::new();
+        match &self.options.starting_offsets {
+            StartingOffsets::Earliest => {
+                for (t, ps) in &marks.marks {
+                    for (&p, &(lo, _)) in ps {
+                        out.entry(t.clone()).or_default().insert(p, lo);
+                    }
+                }
+            }
+            StartingOffsets::Latest => {
+                for (t, ps) in &marks.marks {
+                    for (&p, &(_, hi)) in ps {
+                        out.entry(t.clone()).or_default().insert(p, hi);
+                    }
+                }
+            }
+            StartingOffsets::Map(m) => {
+                for (t, ps) in &marks.marks {
+                    for (&p, &(lo, hi)) in ps {
+                        let o = match m.get(t).and_then(|x| x.get(&p)) {
+                            Some(-1) => hi,
+                            Some(-2) | None => lo,
+                            Some(o) => *o,
+                        };
+                        out.entry(t.clone()).or_default().insert(p, o);
+                    }
+                }
+            }
+            StartingOffsets::Timestamp(ts) => {
+                let cfg = self.client_config();
+                let timeout = self.options.request_timeout;
+                let name = self.name.clone();
+                let mut tpl = TopicPartitionList::new();
+                for (t, ps) in &marks.marks {
+                    for &p in ps.keys() {
+                        let _ = tpl.add_partition_offset(t, p, KOffset::Offset(*ts));
+                    }
+                }
+                let found = tokio::task::spawn_blocking(move || {
+                    let consumer: BaseConsumer = cfg.create()?;
+                    consumer.offsets_for_times(tpl, timeout)
+                })
+                .await
+                .map_err(|e| Error::Kafka {
+                    source_name: name.clone(),
+                    what: "offsets_for_times".into(),
+                    reason: e.to_string(),
+                    transient: false,
+                })?
+                .map_err(|e| self.kafka_err("look up offsets for starting_timestamp", e))?;
+                for el in found.elements() {
+                    let (lo, hi) = marks
+                        .marks
+                        .get(el.topic())
+                        .and_then(|m| m.get(&el.partition()))
+                        .copied()
+                        .unwrap_or((0, 0));
+                    let o = match el.offset() {
+                        KOffset::Offset(o) => o,
+                        // No record at or after the timestamp: start at the end.
+                        KOffset::End => hi,
+                        _ => lo,
+                    };
+                    out.entry(el.topic().to_string())
+                        .or_default()
+                        .insert(el.partition(), o.max(lo));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn range_stream(&self, ranges: Vec<(String, i32, i64, i64)>) -> BatchStream {
+        let cfg = self.client_config();
+        let name = self.name.clone();
+        let schema = self.schema.clone();
+        let value_schema = self.value_schema.clone();
+        let format = self.options.format.clone();
+        let batch_size = self.options.batch_size.max(1);
+        let timeout = self.options.read_timeout;
+        let fut = async move {
+            let consumer: StreamConsumer = cfg.create().map_err(|e| Error::Kafka {
+                source_name: name.clone(),
+                what: "create consumer".into(),
+                reason: e.to_string(),
+                transient: false,
+            })?;
+            let mut tpl = TopicPartitionList::new();
+            let mut remaining: HashMap<(String, i32), (i64, i64)> = HashMap::new();
+            for (t, p, s, e) in &ranges {
+                tpl.add_partition_offset(t, *p, KOffset::Offset(*s))
+                    .map_err(|e| Error::Kafka {
+                        source_name: name.clone(),
+                        what: format!("assign {t}/{p}"),
+                        reason: e.to_string(),
+                        transient: false,
+                    })?;
+                remaining.insert((t.clone(), *p), (*s, *e));
+            }
+            consumer.assign(&tpl).map_err(|e| Error::Kafka {
+                source_name: name.clone(),
+                what: "assign partitions".into(),
+                reason: e.to_string(),
+                transient: false,
+            })?;
+            let builder = RowBuilder::new(name.clone(), schema, value_schema, format, batch_size)?;
+            let reader = RangeReader {
+                name,
+                consumer,
+                remaining,
+                builder,
+                timeout,
+                last_progress: Instant::now(),
+            };
+            Ok::<_, Error>(stream::try_unfold(reader, RangeReader::next_batch).boxed())
+        };
+        stream::once(fut).try_flatten().boxed()
+    }
+}
+
+use futures::TryStreamExt;
+
+struct RangeReader {
+    name: String,
+    consumer: StreamConsumer,
+    /// (topic, partition) -> (next expected offset, end)
+    remaining: HashMap<(String, i32), (i64, i64)>,
+    builder: RowBuilder,
+    timeout: Duration,
+    last_progress: Instant,
+}
+
+impl RangeReader {
+    async fn next_batch(mut self) -> Result<Option<(RecordBatch, Self)>> {
+        loop {
+            self.remaining.retain(|_, (pos, end)| pos < end);
+            if self.remaining.is_empty() || self.builder.is_full() {
+                let done = self.remaining.is_empty();
+                return match self.builder.finish()? {
+                    Some(b) => Ok(Some((b, self))),
+                    None if done => Ok(None),
+                    None => continue,
+                };
+            }
+            if self.last_progress.elapsed() > self.timeout {
+                let left: Vec<String> = self
+                    .remaining
+                    .iter()
+                    .map(|((t, p), (s, e))| format!("{t}/{p} offsets {s}..{e}"))
+                    .collect();
+                return Err(Error::Kafka {
+                    source_name: self.name.clone(),
+                    what: format!("read {}", left.join(", ")),
+                    reason: format!(
+                        "no progress for {:?}: is the broker reachable? A restart re-reads the \
+                         batch from the checkpoint",
+                        self.timeout
+                    ),
+                    transient: true,
+                });
+            }
+            let msg = tokio::time::timeout(Duration::from_millis(500), self.consumer.recv()).await;
+            match msg {
+                Err(_) => self.sync_positions(),
+                Ok(Err(e))
+                    if is_transient(&e)
+                        || e.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) =>
+                {
+                    tracing::debug!(source = %self.name, error = %e, "transient consumer error; retrying");
+                }
+                Ok(Err(e)) => {
+                    return Err(Error::Kafka {
+                        source_name: self.name.clone(),
+                        what: "consume".into(),
+                        reason: e.to_string(),
+                        transient: false,
+                    });
+                }
+                Ok(Ok(m)) => {
+                    let key = (m.topic().to_string(), m.partition());
+                    let Some((pos, end)) = self.remaining.get_mut(&key) else {
+                        continue;
+                    };
+                    let off = m.offset();
+                    if off < *pos || off >= *end {
+                        // Past the planned end (or a duplicate after a
+                        // retry): not this batch's record.
+                        if off >= *end {
+                            *pos = *end;
+                        }
+                        continue;
+                    }
+                    *pos = off + 1;
+                    self.last_progress = Instant::now();
+                    self.builder.push(&m)?;
+                }
+            }
+        }
+    }
+
+    /// Step over offset gaps (transaction markers, aborted records): the
+    /// consumer's position moves past them even though no message arrives.
+    fn sync_positions(&mut self) {
+        if let Ok(pos) = self.consumer.position() {
+            for el in pos.elements() {
+                if let KOffset::Offset(o) = el.offset()
+                    && let Some((p, _)) = self
+                        .remaining
+                        .get_mut(&(el.topic().to_string(), el.partition()))
+                    && o > *p
+                {
+                    *p = o;
+                    self.last_progress = Instant::now();
+                }
+            }
+        }
+    }
+}
+
+/// Builds record batches from messages: value columns plus metadata.
+struct RowBuilder {
+    source: String,
+    schema: SchemaRef,
+    /// This batch's JSON values, kept to name the record a decode error
+    /// comes from.
+    pending: Vec<Vec<u8>>,
+    format: ValueFormat,
+    batch_size: usize,
+    rows: usize,
+    json: Option<arrow::json::reader::Decoder>,
+    value_schema: SchemaRef,
+    raw: BinaryBuilder,
+    text: StringBuilder,
+    key: BinaryBuilder,
+    topic: StringBuilder,
+    partition: Int32Builder,
+    offset: Int64Builder,
+    timestamp: TimestampMillisecondBuilder,
+    headers: StringBuilder,
+}
+
+impl RowBuilder {
+    fn new(
+        source: String,
+        schema: SchemaRef,
+        value_schema: SchemaRef,
+        format: ValueFormat,
+        batch_size: usize,
+    ) -> Result<Self> {
+        let json = match format {
+            ValueFormat::Json => Some(
+                arrow::json::ReaderBuilder::new(value_schema.clone())
+                    .with_batch_size(batch_size)
+                    .build_decoder()
+                    .map_err(|e| Error::InvalidOption {
+                        source_name: source.clone(),
+                        option: "columns".into(),
+                        reason: e.to_string(),
+                    })?,
+            ),
+            _ => None,
+        };
+        Ok(Self {
+            source,
+            schema,
+            pending: Vec::new(),
+            format,
+            batch_size,
+            rows: 0,
+            json,
+            value_schema,
+            raw: BinaryBuilder::new(),
+            text: StringBuilder::new(),
+            key: BinaryBuilder::new(),
+            topic: StringBuilder::new(),
+            partition: Int32Builder::new(),
+            offset: Int64Builder::new(),
+            timestamp: TimestampMillisecondBuilder::new().with_timezone("UTC"),
+            headers: StringBuilder::new(),
+        })
+    }
+
+    fn is_full(&self) -> bool {
+        self.rows >= self.batch_size
+    }
+
+    fn push(&mut self, m: &impl Message) -> Result<()> {
+        let malformed = |reason: String| Error::KafkaMalformed {
+            source_name: self.source.clone(),
+            topic: m.topic().to_string(),
+            partition: m.partition(),
+            offset: m.offset(),
+            reason,
+        };
+        match self.format {
+            ValueFormat::Json => {
+                let d = self.json.as_mut().expect("json decoder");
+                let before = d.len();
+                let value = m.payload().unwrap_or(b"{}");
+                d.decode(value).map_err(|e| malformed(e.to_string()))?;
+                d.decode(b"\n").map_err(|e| malformed(e.to_string()))?;
+                if d.len() != before + 1 {
+                    return Err(malformed(
+                        "the value is not exactly one JSON object".to_string(),
+                    ));
+                }
+                self.pending.push(value.to_vec());
+                // Type errors surface at flush; flushing per record would be
+                // slow, so a failed flush is retried record by record in
+                // `finish` to name the offset.
+            }
+            ValueFormat::Raw => match m.payload() {
+                Some(v) => self.raw.append_value(v),
+                None => self.raw.append_null(),
+            },
+            ValueFormat::String => match m.payload() {
+                Some(v) => self.text.append_value(
+                    std::str::from_utf8(v)
+                        .map_err(|e| malformed(format!("value is not UTF-8: {e}")))?,
+                ),
+                None => self.text.append_null(),
+            },
+        }
+        match m.key() {
+            Some(k) => self.key.append_value(k),
+            None => self.key.append_null(),
+        }
+        self.topic.append_value(m.topic());
+        self.partition.append_value(m.partition());
+        self.offset.append_value(m.offset());
+        match m.timestamp().to_millis() {
+            Some(t) => self.timestamp.append_value(t),
+            None => self.timestamp.append_null(),
+        }
+        match m.headers() {
+            Some(h) => {
+                let mut obj = serde_json::Map::new();
+                for hd in h.iter() {
+                    obj.insert(
+                        hd.key.to_string(),
+                        hd.value
+                            .map(|v| {
+                                serde_json::Value::String(String::from_utf8_lossy(v).into_owned())
+                            })
+                            .unwrap_or(serde_json::Value::Null),
+                    );
+                }
+                self.headers
+                    .append_value(serde_json::Value::Object(obj).to_string());
+            }
+            None => self.headers.append_null(),
+        }
+        self.rows += 1;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<Option<RecordBatch>> {
+        if self.rows == 0 {
+            return Ok(None);
+        }
+        let mut cols: Vec<ArrayRef> = match self.format {
+            ValueFormat::Json => {
+                let batch = self
+                    .json
+                    .as_mut()
+                    .expect("json decoder")
+                    .flush()
+                    .map_err(|e| self.locate_json_error(e))?
+                    .expect("rows were decoded");
+                batch.columns().to_vec()
+            }
+            ValueFormat::Raw => vec![Arc::new(self.raw.finish())],
+            ValueFormat::String => vec![Arc::new(self.text.finish())],
+        };
+        self.pending.clear();
+        cols.push(Arc::new(self.key.finish()));
+        cols.push(Arc::new(self.topic.finish()));
+        cols.push(Arc::new(self.partition.finish()));
+        cols.push(Arc::new(self.offset.finish()));
+        cols.push(Arc::new(self.timestamp.finish()));
+        cols.push(Arc::new(self.headers.finish()));
+        self.rows = 0;
+        RecordBatch::try_new(self.schema.clone(), cols)
+            .map(Some)
+            .map_err(|e| Error::Schema {
+                source_name: self.source.clone(),
+                file: "kafka".into(),
+                reason: e.to_string(),
+            })
+    }
+
+    fn locate_json_error(&self, e: arrow::error::ArrowError) -> Error {
+        // Decode the batch's values one by one to find the record at fault.
+        let topics = self.topic.finish_cloned();
+        let parts = self.partition.finish_cloned();
+        let offsets = self.offset.finish_cloned();
+        let mut at = None;
+        for (i, v) in self.pending.iter().enumerate() {
+            let Ok(mut d) =
+                arrow::json::ReaderBuilder::new(self.value_schema.clone()).build_decoder()
+            else {
+                break;
+            };
+            if let Err(err) = d.decode(v).and_then(|_| d.flush()) {
+                at = Some((i, err.to_string()));
+                break;
+            }
+        }
+        let (i, reason) = at.unwrap_or((0, e.to_string()));
+        Error::KafkaMalformed {
+            source_name: self.source.clone(),
+            topic: topics.value(i).to_string(),
+            partition: parts.value(i),
+            offset: offsets.value(i),
+            reason,
+        }
+    }
+}
