@@ -461,10 +461,18 @@ impl Driver {
             }
             let stored = match self.ckpt.source_state(&name, "initial").await? {
                 Some(v) => Some(v),
-                None => match t.source().initial_offset().await? {
-                    Some(v) => Some(self.ckpt.init_source_state(&name, "initial", v).await?),
-                    None => None,
-                },
+                None => {
+                    let source = t.source();
+                    let initial =
+                        retry_transient(&name, "resolve starting offsets", &mut stop, || {
+                            source.initial_offset()
+                        })
+                        .await?;
+                    match initial.flatten() {
+                        Some(v) => Some(self.ckpt.init_source_state(&name, "initial", v).await?),
+                        None => None,
+                    }
+                }
             };
             if stored.is_some() {
                 prev.insert(name, stored);
@@ -472,7 +480,11 @@ impl Driver {
         }
         if matches!(self.trigger, Trigger::AvailableNow) {
             for t in &self.tables {
-                t.source().freeze().await?;
+                let source = t.source();
+                retry_transient(source.name(), "freeze available data", &mut stop, || {
+                    source.freeze()
+                })
+                .await?;
             }
         }
 
@@ -487,7 +499,12 @@ impl Driver {
             for t in &self.tables {
                 let name = t.source().name().to_string();
                 let start = prev.get(&name).cloned().flatten();
-                let end = plan_with_retry(t.source().as_ref(), start.as_ref(), &mut stop).await?;
+                let source = t.source();
+                let end = retry_transient(source.name(), "plan", &mut stop, || {
+                    source.plan(start.as_ref())
+                })
+                .await?
+                .flatten();
                 any |= end.is_some();
                 sources.insert(
                     name,
@@ -728,22 +745,28 @@ impl Driver {
     }
 }
 
-/// Ask `source` for its next range; while it reports a transient failure
-/// (a broker or store briefly unavailable), wait with backoff and say so.
-async fn plan_with_retry(
-    source: &dyn Source,
-    start: Option<&serde_json::Value>,
+/// Run a source call; while it reports a transient failure (a broker or
+/// store briefly unavailable), wait with backoff, say so, and call again.
+/// Returns `None` when a stop is requested while waiting.
+async fn retry_transient<T, F, Fut>(
+    source: &str,
+    what: &str,
     stop: &mut watch::Receiver<bool>,
-) -> Result<Option<serde_json::Value>> {
+    mut call: F,
+) -> Result<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = lakestream_source::Result<T>>,
+{
     let mut delay = Duration::from_millis(250);
     loop {
-        match source.plan(start).await {
-            Ok(end) => return Ok(end),
+        match call().await {
+            Ok(v) => return Ok(Some(v)),
             Err(e) if e.is_transient() && !*stop.borrow() => {
                 tracing::warn!(
-                    source = source.name(),
+                    source,
                     error = %e,
-                    "source unavailable; waiting {:?} before planning again",
+                    "{what}: source unavailable; waiting {:?} before trying again",
                     delay
                 );
                 wait(stop, delay).await;

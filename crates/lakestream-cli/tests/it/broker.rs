@@ -150,6 +150,47 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// Produce `values` to partition 0 of `topic` in committed transactions
+    /// of `per_txn` records each. Returns (partition, offset) of each record.
+    pub(crate) fn produce_transactional(
+        &self,
+        topic: &str,
+        values: &[(String, String)],
+        per_txn: usize,
+    ) -> Vec<(i32, i64)> {
+        use rdkafka::producer::Producer;
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("batch.num.messages", "1")
+            .set("linger.ms", "0")
+            .set("transactional.id", format!("lakestream-test-{topic}"))
+            .create()
+            .unwrap();
+        producer.init_transactions(Duration::from_secs(30)).unwrap();
+        self.rt.block_on(async {
+            let mut out = Vec::new();
+            for chunk in values.chunks(per_txn) {
+                producer.begin_transaction().unwrap();
+                for (key, value) in chunk {
+                    let d = producer
+                        .send(
+                            FutureRecord::to(topic).key(key).payload(value).partition(0),
+                            Duration::from_secs(30),
+                        )
+                        .await
+                        .unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
+                    out.push((d.partition, d.offset));
+                }
+                producer
+                    .commit_transaction(Duration::from_secs(30))
+                    .unwrap();
+            }
+            out
+        })
+    }
+}
+
 impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -356,3 +356,39 @@ fn kafka_malformed_records_and_lost_offsets_are_clear_errors() {
     let rows = read_py(&dir.join("out2"));
     assert_eq!(rows.len(), 13);
 }
+
+#[test]
+fn kafka_transaction_markers_are_stepped_over() {
+    // Records written in transactions leave marker offsets that no consumer
+    // receives; a batch ending on one must still complete.
+    let broker = Broker::start();
+    broker.create_topic("tx", 1);
+    let records = orders(0, 12);
+    let placed = broker.produce_transactional("tx", &records, 4);
+    let last = placed.iter().map(|(_, o)| *o).max().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(&broker.bootstrap(), "tx", "out", "'read_timeout' '20s'"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let o = run_job(dir, "ckpt");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the reader waited on a marker"
+    );
+    let rows = read_py(&dir.join("out"));
+    assert_eq!(order_ids(&rows), expected_ids(&records));
+    let status = run_in(dir, &["status", "--checkpoint", "ckpt", "--json"]);
+    let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let end = s["sources"]["orders"]["partitions"]["tx"]["0"]
+        .as_i64()
+        .unwrap();
+    assert!(
+        end > last + 1,
+        "the planned end ({end}) lies past a marker (last record {last})"
+    );
+}

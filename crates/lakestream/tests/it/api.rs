@@ -1,0 +1,178 @@
+//! Queries built in Rust: fail points at each protocol step, `now()` on
+//! replay, stopping, refused query shapes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::AsArray;
+use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream::source::generator::{GeneratorOptions, GeneratorSource};
+use lakestream::{Error, FailPoint, QueryBuilder, Trigger};
+
+fn generator(rows: u64, per_batch: u64) -> Arc<GeneratorSource> {
+    Arc::new(
+        GeneratorSource::try_new(
+            "events",
+            GeneratorOptions {
+                rows: Some(rows),
+                max_rows_per_trigger: Some(per_batch),
+                batch_size: 64,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    )
+}
+
+fn builder(dir: &std::path::Path, rows: u64, per_batch: u64, sql: &str) -> QueryBuilder {
+    QueryBuilder::new()
+        .source(generator(rows, per_batch))
+        .unwrap()
+        .sql(sql)
+        .sink(Arc::new(
+            DeltaSink::try_new(
+                dir.join("table").to_str().unwrap(),
+                DeltaSinkOptions {
+                    partition_columns: vec!["event_type".into()],
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        ))
+        .checkpoint(dir.join("ckpt").to_str().unwrap())
+        .trigger(Trigger::AvailableNow)
+}
+
+/// Run `sql` over the Delta table at `dir/table`, read with delta-rs.
+async fn read(dir: &std::path::Path, sql: &str) -> Vec<arrow::array::RecordBatch> {
+    crate::common::read_table(&dir.join("table"), sql).await
+}
+
+async fn count_and_distinct(dir: &std::path::Path) -> (i64, i64) {
+    crate::common::count_distinct(&dir.join("table"), "event_id").await
+}
+
+const SQL: &str = "SELECT event_id, user_id, event_type, amount, ts FROM events WHERE amount > 0";
+
+#[tokio::test]
+async fn every_row_lands_once_whichever_step_crashes() {
+    let clean = tempfile::tempdir().unwrap();
+    let summary = builder(clean.path(), 2000, 500, SQL).run().await.unwrap();
+    assert_eq!(summary.batches, 4);
+    assert_eq!(summary.input_rows, 2000);
+    let expected = count_and_distinct(clean.path()).await;
+    assert_eq!(expected.0, expected.1);
+    assert_eq!(expected.0 as u64, summary.output_rows);
+
+    for point in [
+        FailPoint::AfterWriteAhead,
+        FailPoint::AfterFiles,
+        FailPoint::AfterCommit,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let err = builder(dir.path(), 2000, 500, SQL)
+            .fail_point(point, 2)
+            .run()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InjectedFault { batch_id: 2, .. }),
+            "{err}"
+        );
+        builder(dir.path(), 2000, 500, SQL).run().await.unwrap();
+        assert_eq!(count_and_distinct(dir.path()).await, expected, "{point:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_replayed_batch_sees_the_same_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = "SELECT event_id, event_type, now() AS seen_at FROM events";
+    let err = builder(dir.path(), 100, 100, sql)
+        .fail_point(FailPoint::AfterFiles, 0)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InjectedFault { .. }));
+    // Later wall-clock time; the batch's logged timestamp must win.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    builder(dir.path(), 100, 100, sql).run().await.unwrap();
+    let offsets: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("ckpt/offsets/0")).unwrap()).unwrap();
+    let logged_ms = offsets["batch_timestamp_ms"].as_i64().unwrap();
+    let b = read(
+        dir.path(),
+        "SELECT DISTINCT CAST(seen_at AS BIGINT) AS us FROM t",
+    )
+    .await;
+    let col = b[0].column(0).as_primitive::<arrow::datatypes::Int64Type>();
+    assert_eq!(col.len(), 1);
+    assert_eq!(col.value(0), logged_ms * 1000);
+}
+
+#[tokio::test]
+async fn a_continuous_query_reports_progress_and_stops_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(
+        GeneratorSource::try_new(
+            "events",
+            GeneratorOptions {
+                rows: None,
+                rows_per_second: Some(5000),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let mut handle = QueryBuilder::new()
+        .source(source)
+        .unwrap()
+        .sql("SELECT event_id, amount FROM events")
+        .sink(Arc::new(
+            DeltaSink::try_new(
+                dir.path().join("table").to_str().unwrap(),
+                DeltaSinkOptions::default(),
+            )
+            .unwrap(),
+        ))
+        .checkpoint(dir.path().join("ckpt").to_str().unwrap())
+        .trigger(Trigger::Interval(Duration::from_millis(50)))
+        .start()
+        .await
+        .unwrap();
+    let mut events = handle.take_progress_events().unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(30), events.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.batch_id, 0);
+    let stop = handle.stop_handle();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.stop();
+    let summary = tokio::time::timeout(Duration::from_secs(30), handle.await_termination())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(summary.batches >= 2, "{summary:?}");
+    let (n, d) = count_and_distinct(dir.path()).await;
+    assert_eq!(n as u64, summary.output_rows);
+    assert_eq!(n, d);
+}
+
+#[tokio::test]
+async fn an_aggregation_over_a_stream_is_refused_before_any_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = builder(
+        dir.path(),
+        100,
+        100,
+        "SELECT event_type, count(*) AS n FROM events GROUP BY event_type",
+    )
+    .start()
+    .await
+    .err()
+    .expect("refused");
+    assert!(err.to_string().contains("aggregation"), "{err}");
+    assert!(!dir.path().join("table/_delta_log").exists());
+    assert!(!dir.path().join("ckpt").exists());
+}

@@ -1,0 +1,33 @@
+//! Reading tables back through delta-rs and DataFusion.
+
+use arrow::array::AsArray;
+use datafusion::prelude::SessionContext;
+
+/// Run `sql` over the Delta table at `table` (registered as `t`).
+pub(crate) async fn read_table(
+    table: &std::path::Path,
+    sql: &str,
+) -> Vec<arrow::array::RecordBatch> {
+    let url = url::Url::from_directory_path(table).unwrap();
+    let t = deltalake::DeltaTable::try_from_url(url).await.unwrap();
+    let ctx = SessionContext::new();
+    t.update_datafusion_session(&ctx.state()).unwrap();
+    ctx.register_table("t", t.table_provider().await.unwrap())
+        .unwrap();
+    ctx.sql(sql).await.unwrap().collect().await.unwrap()
+}
+
+/// Row count and distinct count of `column` in the table at `table`.
+pub(crate) async fn count_distinct(table: &std::path::Path, column: &str) -> (i64, i64) {
+    let b = read_table(
+        table,
+        &format!("SELECT count(*), count(DISTINCT {column}) FROM t"),
+    )
+    .await;
+    let get = |i: usize| {
+        b[0].column(i)
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .value(0)
+    };
+    (get(0), get(1))
+}

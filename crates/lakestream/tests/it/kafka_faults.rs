@@ -1,0 +1,169 @@
+//! The Kafka source under broker faults injected by librdkafka's mock
+//! cluster: a broker that is down when the query starts, failing list-offset
+//! and fetch requests. The query waits, retries and ends with every record
+//! exactly once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::datatypes::{DataType, Field, Schema};
+use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream::source::kafka::{KafkaSource, KafkaSourceOptions, Topics};
+use lakestream::{QueryBuilder, Trigger};
+use rdkafka::ClientConfig;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+async fn produce(
+    mock: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    topic: &str,
+    n: i32,
+) {
+    mock.create_topic(topic, 3, 1).unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", mock.bootstrap_servers())
+        .create()
+        .unwrap();
+    for i in 0..n {
+        producer
+            .send(
+                FutureRecord::to(topic)
+                    .key(&format!("k{i}"))
+                    .payload(&format!("{{\"id\": {i}}}"))
+                    .partition(i % 3),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn query(
+    bootstrap: &str,
+    topic: &str,
+    dir: &std::path::Path,
+    read_timeout: Duration,
+) -> QueryBuilder {
+    let mut options = KafkaSourceOptions::new(bootstrap, Topics::List(vec![topic.into()]));
+    options.max_offsets_per_trigger = Some(70);
+    options.request_timeout = Duration::from_secs(1);
+    options.read_timeout = read_timeout;
+    let source = KafkaSource::try_new(
+        "events",
+        Some(Arc::new(Schema::new(vec![Field::new(
+            "id",
+            DataType::Int64,
+            false,
+        )]))),
+        options,
+    )
+    .unwrap();
+    QueryBuilder::new()
+        .source(Arc::new(source))
+        .unwrap()
+        .sql("SELECT id, _partition, _offset FROM events")
+        .sink(Arc::new(
+            DeltaSink::try_new(
+                dir.join("table").to_str().unwrap(),
+                DeltaSinkOptions::default(),
+            )
+            .unwrap(),
+        ))
+        .checkpoint(dir.join("ckpt").to_str().unwrap())
+        .trigger(Trigger::AvailableNow)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_queries_wait_out_broker_faults_and_lose_nothing() {
+    let mock = MockCluster::new(1).unwrap();
+    produce(&mock, "faulty", 300).await;
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    let query = query(
+        &mock.bootstrap_servers(),
+        "faulty",
+        dir.path(),
+        Duration::from_secs(60),
+    );
+
+    // Fetches and offset lookups fail a few times, then the broker goes
+    // down as the query starts and comes back 2 s later.
+    mock.request_errors(
+        RDKafkaApiKey::Fetch,
+        &[
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+        ],
+    );
+    mock.request_errors(
+        RDKafkaApiKey::ListOffsets,
+        &[
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT,
+        ],
+    );
+    mock.broker_down(1).unwrap();
+    let running = tokio::spawn(query.run());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!running.is_finished(), "the query must wait for the broker");
+    mock.broker_up(1).unwrap();
+    let summary = tokio::time::timeout(Duration::from_secs(120), running)
+        .await
+        .expect("the query finished after the broker came back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(summary.input_rows, 300);
+    assert!(summary.batches >= 5, "{summary:?}");
+    assert_eq!(
+        crate::common::count_distinct(&table, "id").await,
+        (300, 300)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_that_cannot_be_read_in_time_fails_cleanly_and_a_restart_continues() {
+    let mock = MockCluster::new(1).unwrap();
+    produce(&mock, "stuck", 150).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    // Batch 0 is planned, then the process "crashes".
+    let err = query(&bootstrap, "stuck", dir.path(), Duration::from_secs(2))
+        .fail_point(lakestream::FailPoint::AfterWriteAhead, 0)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, lakestream::Error::InjectedFault { .. }),
+        "{err}"
+    );
+    // The restart re-runs batch 0 while the broker is down: it gives up
+    // after the read timeout with an error naming what it could not read.
+    mock.broker_down(1).unwrap();
+    let err = query(&bootstrap, "stuck", dir.path(), Duration::from_secs(2))
+        .run()
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("stuck/") && msg.contains("no progress"),
+        "{msg}"
+    );
+    assert!(
+        !dir.path()
+            .join("table/_delta_log/00000000000000000001.json")
+            .exists()
+    );
+    // Broker back: the next restart finishes, every record once.
+    mock.broker_up(1).unwrap();
+    let summary = query(&bootstrap, "stuck", dir.path(), Duration::from_secs(30))
+        .run()
+        .await
+        .unwrap();
+    assert!(summary.batches >= 3, "{summary:?}");
+    assert_eq!(
+        crate::common::count_distinct(&dir.path().join("table"), "id").await,
+        (150, 150)
+    );
+}
