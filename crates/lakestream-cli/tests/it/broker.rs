@@ -102,6 +102,30 @@ impl Broker {
         );
     }
 
+    /// Offsets committed by `group` for partitions `0..partitions` of `topic`.
+    pub(crate) fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("group.id", group)
+            .create()
+            .unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition(topic, p);
+        }
+        let got = consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .unwrap();
+        got.elements()
+            .iter()
+            .map(|e| match e.offset() {
+                rdkafka::Offset::Offset(o) => o,
+                _ => -1,
+            })
+            .collect()
+    }
+
     /// Delete `topic`.
     pub(crate) fn delete_topic(&self, topic: &str) {
         let admin = self.admin();

@@ -204,7 +204,7 @@ fn kafka_starting_and_ending_offsets() {
             &broker.bootstrap(),
             "t",
             "latest",
-            "'starting_offsets' 'latest'",
+            "'starting_offsets' 'latest', 'commit_offsets_to_group' 'lag-monitor'",
         ),
     )
     .unwrap();
@@ -218,6 +218,8 @@ fn kafka_starting_and_ending_offsets() {
         order_ids(&read_py(&dir.join("latest"))),
         expected_ids(&second)
     );
+    // The group holds the committed end offsets, for lag monitoring.
+    assert_eq!(broker.committed("lag-monitor", "t", 2), vec![15, 15]);
 
     // A per-partition map: partition 0 from offset 5, partition 1 from the start;
     // ending offsets bound the read (a backfill of a fixed range).
