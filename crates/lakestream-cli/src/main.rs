@@ -4,6 +4,7 @@
 //! running, 2 invalid command line or job file, 3 the checkpoint is in use
 //! by another process, 130 aborted by a second signal.
 
+mod bench;
 mod query;
 mod status;
 
@@ -74,6 +75,41 @@ enum Command {
         #[arg(long = "storage-option", value_name = "KEY=VALUE")]
         storage_options: Vec<String>,
     },
+    /// Measure end-to-end throughput, per-batch overhead and commit time
+    /// against the raw cost of decoding and encoding, on generated data.
+    #[command(
+        after_help = "Prints one `name: value unit` line per figure. Examples:\n  \
+        lakestream bench                      # full size: 5M events in 50 files (about 1 GB of disk)\n  \
+        lakestream bench --smoke              # every figure on tiny inputs, in seconds\n  \
+        lakestream bench --kafka-bootstrap 127.0.0.1:9092   # also Kafka -> Delta\n\n\
+        Build with --release for figures that mean anything; see docs/benchmarks.md."
+    )]
+    Bench {
+        /// Working directory (cleared first).
+        #[arg(long, default_value = "target/bench")]
+        dir: PathBuf,
+        /// Events in the backfill.
+        #[arg(long, default_value_t = 5_000_000)]
+        rows: u64,
+        /// Files the backfill events are spread over.
+        #[arg(long, default_value_t = 50)]
+        files: u64,
+        /// Tiny one-file batches for the overhead figure.
+        #[arg(long, default_value_t = 300)]
+        tiny_batches: u64,
+        /// Commits in the long-history workload.
+        #[arg(long, default_value_t = 5_000)]
+        history: u64,
+        /// A Kafka broker for the Kafka workload (a topic is created).
+        #[arg(long)]
+        kafka_bootstrap: Option<String>,
+        /// Messages in the Kafka workload.
+        #[arg(long, default_value_t = 2_000_000)]
+        kafka_messages: u64,
+        /// Tiny sizes: every figure in seconds (a smoke test, not a measure).
+        #[arg(long)]
+        smoke: bool,
+    },
     /// Run SQL over Delta, Parquet, CSV or JSON tables named by path.
     #[command(after_help = "Tables are named by their path in quotes:\n  \
         lakestream query \"SELECT count(*) FROM 'target/quickstart/clean_events'\"\n  \
@@ -142,6 +178,33 @@ fn main() -> ExitCode {
                 format,
                 storage_options,
             } => report(query::query(&sql, &format, &storage_options).await),
+            Command::Bench {
+                dir,
+                rows,
+                files,
+                tiny_batches,
+                history,
+                kafka_bootstrap,
+                kafka_messages,
+                smoke,
+            } => {
+                let cfg = bench::BenchConfig {
+                    dir,
+                    rows,
+                    files,
+                    tiny_batches,
+                    history,
+                    kafka_bootstrap,
+                    kafka_messages,
+                };
+                let cfg = if smoke { cfg.smoke() } else { cfg };
+                // The bench drives child processes and blocking clients.
+                report(
+                    tokio::task::spawn_blocking(move || bench::bench(cfg))
+                        .await
+                        .unwrap_or_else(|e| Err(anyhow::anyhow!("bench panicked: {e}"))),
+                )
+            }
         }
     })
 }
@@ -248,6 +311,13 @@ async fn run(
         std::process::exit(EXIT_ABORTED);
     });
     let result = handle.await_termination().await;
+    if std::env::var_os("LAKESTREAM_REPORT_RESOURCES").is_some() {
+        let (cpu, rss) = bench::resources();
+        eprintln!(
+            "lakestream-resources: {}",
+            serde_json::json!({ "cpu_seconds": cpu, "peak_rss_bytes": rss })
+        );
+    }
     let _ = printer.await;
     match result {
         Ok(summary) => {

@@ -1,0 +1,618 @@
+//! `lakestream bench`: end-to-end figures of the real binary against the
+//! floor of decoding the input and encoding Parquet, on deterministic data.
+//!
+//! Every figure is one line `name: value unit` on stdout. Workloads:
+//! backfill (JSON files -> partitioned Delta, available-now) versus the raw
+//! limit (arrow-json decode + filter + Parquet encode, no engine), many tiny
+//! batches (per-batch overhead), a long table history (commit time), and,
+//! with a broker, Kafka versus a raw consume + decode loop.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+
+/// Sizes of the workloads.
+#[derive(Debug, Clone)]
+pub(crate) struct BenchConfig {
+    pub(crate) dir: PathBuf,
+    pub(crate) rows: u64,
+    pub(crate) files: u64,
+    pub(crate) tiny_batches: u64,
+    pub(crate) history: u64,
+    pub(crate) kafka_bootstrap: Option<String>,
+    pub(crate) kafka_messages: u64,
+}
+
+impl BenchConfig {
+    /// The sizes of `--smoke`: every figure, in seconds.
+    pub(crate) fn smoke(mut self) -> Self {
+        self.rows = 20_000;
+        self.files = 4;
+        self.tiny_batches = 12;
+        self.history = 40;
+        self.kafka_messages = 2_000;
+        self
+    }
+}
+
+fn figure(name: &str, value: impl std::fmt::Display, unit: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{name}: {value} {unit}");
+    let _ = out.flush();
+}
+
+/// CPU seconds and peak RSS (bytes) of this process so far, from /proc.
+pub(crate) fn resources() -> (f64, u64) {
+    let cpu = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may contain spaces).
+            let rest = &s[s.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / 100.0)
+        })
+        .unwrap_or(0.0);
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024)
+        })
+        .unwrap_or(0);
+    (cpu, rss)
+}
+
+/// What `lakestream run` reported about itself.
+struct RunReport {
+    wall: Duration,
+    cpu_seconds: f64,
+    peak_rss: u64,
+    progress: Vec<serde_json::Value>,
+}
+
+fn run_job(dir: &Path, job: &str, ckpt: &str) -> anyhow::Result<RunReport> {
+    let exe = std::env::current_exe()?;
+    let start = Instant::now();
+    let mut child = Command::new(exe)
+        .current_dir(dir)
+        .args([
+            "run",
+            job,
+            "--checkpoint",
+            ckpt,
+            "--trigger",
+            "available-now",
+            "--progress-json",
+        ])
+        .env("LAKESTREAM_REPORT_RESOURCES", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+            .collect::<Vec<_>>()
+    });
+    let out = child.wait_with_output()?;
+    let wall = start.elapsed();
+    let progress = reader.join().expect("reader thread");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("lakestream run {job} failed: {stderr}");
+    }
+    let res: serde_json::Value = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("lakestream-resources: "))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .context("no resource report from the run")?;
+    Ok(RunReport {
+        wall,
+        cpu_seconds: res["cpu_seconds"].as_f64().unwrap_or(0.0),
+        peak_rss: res["peak_rss_bytes"].as_u64().unwrap_or(0),
+        progress,
+    })
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn median_of(progress: &[serde_json::Value], key: &str) -> f64 {
+    let mut v: Vec<f64> = progress
+        .iter()
+        .filter_map(|p| p["durations"][key].as_f64())
+        .collect();
+    v.sort_by(f64::total_cmp);
+    percentile(&v, 0.5)
+}
+
+const DAY_START_S: i64 = 1_767_225_600; // 2026-01-01T00:00:00Z
+
+/// Write `rows` events in `files` JSON-lines files; about a month of event
+/// time, in order. Returns the total bytes.
+fn generate_events(dir: &Path, rows: u64, files: u64) -> anyhow::Result<u64> {
+    std::fs::create_dir_all(dir)?;
+    let per_file = rows.div_ceil(files.max(1));
+    let span_s = 30 * 86_400i64;
+    let types = ["view", "click", "cart", "purchase"];
+    let mut total = 0;
+    for f in 0..files {
+        let path = dir.join(format!("events-{f:05}.json"));
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path)?);
+        let lo = f * per_file;
+        let hi = ((f + 1) * per_file).min(rows);
+        for i in lo..hi {
+            let h = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 17;
+            let ts = DAY_START_S + (i as i64 * span_s) / rows.max(1) as i64;
+            let dt = chrono::DateTime::from_timestamp(ts, 0).expect("valid time");
+            let amount = (h % 20_000) as f64 / 100.0 - 20.0;
+            writeln!(
+                w,
+                "{{\"event_id\":\"e{i:010}\",\"user_id\":{},\"event_type\":\"{}\",\"amount\":{amount:.2},\"ts\":\"{}\"}}",
+                h % 100_000,
+                types[(h >> 20) as usize % 4],
+                dt.format("%Y-%m-%dT%H:%M:%SZ")
+            )?;
+        }
+        w.flush()?;
+        total += std::fs::metadata(&path)?.len();
+    }
+    Ok(total)
+}
+
+const BACKFILL_JOB: &str = "CREATE UNBOUNDED EXTERNAL TABLE events (
+  event_id VARCHAR NOT NULL, user_id BIGINT, event_type VARCHAR, amount DOUBLE, ts TIMESTAMP
+) STORED AS JSON LOCATION 'events/'{OPTIONS};
+CREATE EXTERNAL TABLE clean STORED AS DELTA LOCATION '{TABLE}' PARTITIONED BY (day);
+INSERT INTO clean
+SELECT event_id, user_id, event_type, amount, ts, CAST(ts AS DATE) AS day
+FROM events WHERE amount > 0;
+";
+
+fn write_job(dir: &Path, name: &str, table: &str, options: &str) -> anyhow::Result<()> {
+    let opts = if options.is_empty() {
+        String::new()
+    } else {
+        format!("\nOPTIONS ({options})")
+    };
+    std::fs::write(
+        dir.join(name),
+        BACKFILL_JOB
+            .replace("{OPTIONS}", &opts)
+            .replace("{TABLE}", table),
+    )?;
+    Ok(())
+}
+
+/// Run every workload and print its figures.
+pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
+    let dir = &cfg.dir;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("clear {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir)?;
+    figure(
+        "machine.cores",
+        std::thread::available_parallelism()?.get(),
+        "cores",
+    );
+
+    // 1. backfill
+    let input_bytes = generate_events(&dir.join("events"), cfg.rows, cfg.files)?;
+    write_job(dir, "backfill.sql", "out/backfill", "")?;
+    let r = run_job(dir, "backfill.sql", "ckpt/backfill")?;
+    let secs = r.wall.as_secs_f64();
+    let input_rows: u64 = r
+        .progress
+        .iter()
+        .filter_map(|p| p["input_rows"].as_u64())
+        .sum();
+    if input_rows != cfg.rows {
+        bail!("the backfill read {input_rows} rows, expected {}", cfg.rows);
+    }
+    let out_files: u64 = r
+        .progress
+        .iter()
+        .filter_map(|p| p["output_files"].as_u64())
+        .sum();
+    let out_bytes: u64 = r
+        .progress
+        .iter()
+        .filter_map(|p| p["output_bytes"].as_u64())
+        .sum();
+    figure("backfill.rows", cfg.rows, "rows");
+    figure(
+        "backfill.input",
+        format!("{:.1}", input_bytes as f64 / 1e6),
+        "MB",
+    );
+    figure("backfill.wall", format!("{secs:.3}"), "s");
+    figure(
+        "backfill.throughput",
+        format!("{:.0}", cfg.rows as f64 / secs),
+        "rows/s",
+    );
+    figure(
+        "backfill.input_rate",
+        format!("{:.1}", input_bytes as f64 / 1e6 / secs),
+        "MB/s",
+    );
+    figure("backfill.cpu", format!("{:.2}", r.cpu_seconds), "cpu-s");
+    figure("backfill.batches", r.progress.len(), "batches");
+    figure("backfill.output_files", out_files, "files");
+    figure(
+        "backfill.output",
+        format!("{:.1}", out_bytes as f64 / 1e6),
+        "MB",
+    );
+    figure(
+        "backfill.peak_rss",
+        format!("{:.1}", r.peak_rss as f64 / (1 << 20) as f64),
+        "MiB",
+    );
+
+    // 2. raw limit on the same files
+    let (raw_secs, raw_cpu) = raw_limit(&dir.join("events"), &dir.join("raw"))?;
+    figure("raw.wall", format!("{raw_secs:.3}"), "s");
+    figure(
+        "raw.throughput",
+        format!("{:.0}", cfg.rows as f64 / raw_secs),
+        "rows/s",
+    );
+    figure("raw.cpu", format!("{raw_cpu:.2}"), "cpu-s");
+    figure(
+        "ratio.backfill_over_raw",
+        format!("{:.2}", raw_secs / secs),
+        "x",
+    );
+
+    // 3. many tiny batches
+    let tiny = dir.join("tiny");
+    std::fs::create_dir_all(tiny.join("events"))?;
+    for i in 0..cfg.tiny_batches {
+        let body: String = (0..10)
+            .map(|j| {
+                format!(
+                    "{{\"event_id\":\"t{i}-{j}\",\"user_id\":{j},\"event_type\":\"view\",\"amount\":{}.5,\"ts\":\"2026-01-01T00:00:00Z\"}}\n",
+                    j + 1
+                )
+            })
+            .collect();
+        std::fs::write(tiny.join("events").join(format!("t{i:06}.json")), body)?;
+    }
+    write_job(&tiny, "tiny.sql", "out", "'max_files_per_trigger' '1'")?;
+    let r = run_job(&tiny, "tiny.sql", "ckpt")?;
+    let mut totals: Vec<f64> = r
+        .progress
+        .iter()
+        .filter_map(|p| p["durations"]["total_ms"].as_f64())
+        .collect();
+    totals.sort_by(f64::total_cmp);
+    figure("overhead.batches", totals.len(), "batches");
+    figure(
+        "overhead.median",
+        format!("{:.2}", percentile(&totals, 0.5)),
+        "ms",
+    );
+    figure(
+        "overhead.p99",
+        format!("{:.2}", percentile(&totals, 0.99)),
+        "ms",
+    );
+    for key in ["plan_ms", "write_ahead_ms", "execute_ms", "commit_ms"] {
+        figure(
+            &format!("overhead.{}", key.trim_end_matches("_ms")),
+            format!("{:.2}", median_of(&r.progress, key)),
+            "ms",
+        );
+    }
+
+    // 4. long history: commit time early and late in a table's life
+    let hist = dir.join("history");
+    std::fs::create_dir_all(&hist)?;
+    std::fs::write(
+        hist.join("history.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS GENERATOR LOCATION 'generator'
+             OPTIONS ('rows' '{}', 'max_rows_per_trigger' '10');
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';
+             INSERT INTO out SELECT event_id, amount FROM events;",
+            cfg.history * 10
+        ),
+    )?;
+    let r = run_job(&hist, "history.sql", "ckpt")?;
+    let window = (cfg.history / 10).clamp(3, 50) as usize;
+    let commits: Vec<f64> = r
+        .progress
+        .iter()
+        .filter_map(|p| p["durations"]["commit_ms"].as_f64())
+        .collect();
+    let median_window = |from: usize| {
+        let mut w: Vec<f64> = commits.iter().skip(from).take(window).copied().collect();
+        w.sort_by(f64::total_cmp);
+        percentile(&w, 0.5)
+    };
+    let early = median_window(5);
+    let late = median_window(commits.len().saturating_sub(window));
+    figure("history.versions", commits.len(), "versions");
+    figure("history.commit_early", format!("{early:.2}"), "ms");
+    figure("history.commit_late", format!("{late:.2}"), "ms");
+    figure(
+        "ratio.history_late_over_early",
+        format!("{:.2}", late / early),
+        "x",
+    );
+
+    // 5. kafka
+    if let Some(bootstrap) = &cfg.kafka_bootstrap {
+        kafka_bench(dir, bootstrap, cfg.kafka_messages)?;
+    } else {
+        figure("kafka.skipped", 1, "(no --kafka-bootstrap)");
+    }
+    Ok(())
+}
+
+/// Decode the JSON files with arrow-json, filter, add the day column and
+/// write snappy Parquet with the same writer settings, on 2 threads: no
+/// checkpoint, no Delta, no DataFusion. Returns (wall s, cpu s).
+fn raw_limit(input: &Path, out: &Path) -> anyhow::Result<(f64, f64)> {
+    std::fs::create_dir_all(out)?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(input)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.sort();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("event_id", DataType::Utf8, false),
+        Field::new("user_id", DataType::Int64, true),
+        Field::new("event_type", DataType::Utf8, true),
+        Field::new("amount", DataType::Float64, true),
+        Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true),
+    ]));
+    let threads = std::thread::available_parallelism()?.get().min(2);
+    let (cpu0, _) = resources();
+    let start = Instant::now();
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        let mut handles = Vec::new();
+        for t in 0..threads {
+            let mine: Vec<PathBuf> = files.iter().skip(t).step_by(threads).cloned().collect();
+            let schema = schema.clone();
+            handles.push(s.spawn(move || -> anyhow::Result<()> {
+                for f in mine {
+                    raw_one(&f, out, schema.clone())?;
+                }
+                Ok(())
+            }));
+        }
+        for h in handles {
+            h.join().expect("raw thread")?;
+        }
+        Ok(())
+    })?;
+    let wall = start.elapsed().as_secs_f64();
+    let (cpu1, _) = resources();
+    Ok((wall, cpu1 - cpu0))
+}
+
+fn raw_one(file: &Path, out: &Path, schema: Arc<Schema>) -> anyhow::Result<()> {
+    let reader = arrow::json::ReaderBuilder::new(schema)
+        .with_batch_size(8192)
+        .build(BufReader::with_capacity(
+            1 << 20,
+            std::fs::File::open(file)?,
+        ))?;
+    let out_schema = Arc::new(Schema::new(vec![
+        Field::new("event_id", DataType::Utf8, true),
+        Field::new("user_id", DataType::Int64, true),
+        Field::new("event_type", DataType::Utf8, true),
+        Field::new("amount", DataType::Float64, true),
+        Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("day", DataType::Date32, true),
+    ]));
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::SNAPPY)
+        .build();
+    let name = file.file_name().expect("file name");
+    let mut writer = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(out.join(name).with_extension("parquet"))?,
+        out_schema.clone(),
+        Some(props),
+    )?;
+    for batch in reader {
+        let batch = batch?;
+        let amount = batch
+            .column(3)
+            .as_primitive::<arrow::datatypes::Float64Type>();
+        let keep =
+            arrow::compute::kernels::cmp::gt(amount, &arrow::array::Float64Array::new_scalar(0.0))?;
+        let batch = arrow::compute::filter_record_batch(&batch, &keep)?;
+        let ts = arrow::compute::cast(
+            batch.column(4),
+            &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        )?;
+        let day = arrow::compute::cast(batch.column(4), &DataType::Date32)?;
+        let mut cols = batch.columns()[..4].to_vec();
+        cols.push(ts);
+        cols.push(day);
+        writer.write(&RecordBatch::try_new(out_schema.clone(), cols)?)?;
+    }
+    writer.close()?;
+    Ok(())
+}
+
+fn kafka_bench(dir: &Path, bootstrap: &str, messages: u64) -> anyhow::Result<()> {
+    use rdkafka::ClientConfig;
+    use rdkafka::Message;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let topic = format!("bench-{}", std::process::id());
+    let rt = tokio::runtime::Runtime::new()?;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    rt.block_on(admin.create_topics(
+        &[NewTopic::new(&topic, 4, TopicReplication::Fixed(1))],
+        &AdminOptions::new(),
+    ))?;
+    // One record per produce request: some brokers report watermarks
+    // exactly only then.
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("batch.num.messages", "1")
+        .set("linger.ms", "0")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let start = Instant::now();
+    for i in 0..messages {
+        let value = format!(
+            "{{\"order_id\":\"o{i:010}\",\"customer_id\":{},\"amount\":{}.25,\"ts\":\"2026-02-01T00:00:00Z\"}}",
+            i % 9973,
+            i % 500
+        );
+        loop {
+            match producer.send(
+                BaseRecord::<(), String>::to(&topic)
+                    .payload(&value)
+                    .partition((i % 4) as i32),
+            ) {
+                Ok(()) => break,
+                Err((e, _))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => bail!("produce: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(300))?;
+    figure("kafka.messages", messages, "messages");
+    figure(
+        "kafka.produce_rate",
+        format!("{:.0}", messages as f64 / start.elapsed().as_secs_f64()),
+        "msg/s",
+    );
+
+    // Raw: consume every partition from offset 0 and decode into Arrow.
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("order_id", DataType::Utf8, false),
+        Field::new("customer_id", DataType::Int64, true),
+        Field::new("amount", DataType::Float64, true),
+        Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true),
+    ]));
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "lakestream-bench")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..4 {
+        tpl.add_partition_offset(&topic, p, rdkafka::Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut decoder = arrow::json::ReaderBuilder::new(schema)
+        .with_batch_size(8192)
+        .build_decoder()?;
+    let start = Instant::now();
+    let mut got = 0u64;
+    let mut rows = 0usize;
+    while got < messages {
+        if start.elapsed() > Duration::from_secs(600) {
+            bail!("raw consume stalled at {got} of {messages}");
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                if decoder.len() >= 8192 {
+                    rows += decoder.flush()?.map(|b| b.num_rows()).unwrap_or(0);
+                }
+                decoder.decode(m.payload().unwrap_or(b"{}"))?;
+                decoder.decode(b"\n")?;
+                got += 1;
+            }
+            Some(Err(_)) | None => {}
+        }
+    }
+    rows += decoder.flush()?.map(|b| b.num_rows()).unwrap_or(0);
+    let raw = start.elapsed().as_secs_f64();
+    if rows as u64 != messages {
+        bail!("raw decode produced {rows} rows of {messages}");
+    }
+    figure(
+        "kafka.raw_rate",
+        format!("{:.0}", messages as f64 / raw),
+        "msg/s",
+    );
+
+    std::fs::write(
+        dir.join("kafka.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (
+               order_id VARCHAR NOT NULL, customer_id BIGINT, amount DOUBLE, ts TIMESTAMP
+             ) STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}';
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out/kafka';
+             INSERT INTO out SELECT order_id, customer_id, amount, ts FROM orders;"
+        ),
+    )?;
+    let r = run_job(dir, "kafka.sql", "ckpt/kafka")?;
+    let n: u64 = r
+        .progress
+        .iter()
+        .filter_map(|p| p["input_rows"].as_u64())
+        .sum();
+    if n != messages {
+        bail!("the kafka job read {n} of {messages} messages");
+    }
+    let secs = r.wall.as_secs_f64();
+    figure(
+        "kafka.engine_rate",
+        format!("{:.0}", messages as f64 / secs),
+        "msg/s",
+    );
+    figure(
+        "ratio.kafka_engine_over_raw",
+        format!("{:.2}", raw / secs),
+        "x",
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_pick_from_the_sorted_values() {
+        let v = [1.0, 2.0, 3.0, 4.0, 100.0];
+        assert_eq!(percentile(&v, 0.5), 3.0);
+        assert_eq!(percentile(&v, 0.99), 100.0);
+    }
+
+    #[test]
+    fn own_resources_are_read_from_proc() {
+        let (cpu, rss) = resources();
+        assert!(cpu >= 0.0);
+        assert!(rss > 1 << 20, "peak RSS {rss}");
+    }
+}

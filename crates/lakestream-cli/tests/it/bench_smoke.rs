@@ -1,0 +1,56 @@
+//! `lakestream bench --smoke`: every workload runs and prints its figures.
+//! No timing is asserted here; figures live in docs/benchmarks.md.
+
+use crate::broker::Broker;
+use crate::common::*;
+
+#[test]
+fn the_benchmark_prints_every_figure() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let o = run_in(
+        tmp.path(),
+        &[
+            "bench",
+            "--smoke",
+            "--dir",
+            "b",
+            "--kafka-bootstrap",
+            &broker.bootstrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8(o.stdout.clone()).unwrap();
+    let figures: std::collections::BTreeMap<&str, f64> = out
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(": ")?;
+            Some((name, rest.split_whitespace().next()?.parse().ok()?))
+        })
+        .collect();
+    for name in [
+        "backfill.rows",
+        "backfill.throughput",
+        "backfill.cpu",
+        "backfill.peak_rss",
+        "backfill.batches",
+        "backfill.output_files",
+        "raw.throughput",
+        "ratio.backfill_over_raw",
+        "overhead.median",
+        "overhead.p99",
+        "overhead.commit",
+        "history.commit_early",
+        "history.commit_late",
+        "kafka.raw_rate",
+        "kafka.engine_rate",
+        "ratio.kafka_engine_over_raw",
+    ] {
+        let v = figures
+            .get(name)
+            .unwrap_or_else(|| panic!("no figure {name}:\n{out}"));
+        assert!(v.is_finite() && *v > 0.0, "{name} = {v}\n{out}");
+    }
+    assert_eq!(figures["backfill.rows"], 20_000.0);
+    assert_eq!(figures["overhead.batches"], 12.0);
+}
