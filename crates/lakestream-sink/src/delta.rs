@@ -80,7 +80,21 @@ pub struct DeltaSink {
     location: Location,
     options: DeltaSinkOptions,
     table: Mutex<Option<DeltaTable>>,
+    txn: Mutex<Option<TxnCache>>,
 }
+
+/// The txn version of one app id as of one table version: lets a commit
+/// check only the commits made since, instead of the whole log.
+#[derive(Debug, Clone)]
+struct TxnCache {
+    app_id: String,
+    table_version: u64,
+    txn: Option<i64>,
+}
+
+/// Commits past the cache that are scanned one by one before falling back
+/// to delta-rs's full lookup.
+const MAX_INCREMENTAL_TXN_SCAN: u64 = 64;
 
 impl DeltaSink {
     /// A sink writing to the Delta table at `location` (path or URL).
@@ -92,6 +106,7 @@ impl DeltaSink {
             location,
             options,
             table: Mutex::new(None),
+            txn: Mutex::new(None),
         })
     }
 
@@ -109,12 +124,19 @@ impl DeltaSink {
 
     async fn load(&self) -> Result<DeltaTable> {
         self.location.ensure_local_dir()?;
-        DeltaTable::try_from_url_with_storage_options(
-            self.location.url().clone(),
-            self.options.storage_options.clone(),
-        )
-        .await
-        .map_err(|e| self.table_err(e))
+        let url = self.location.url().clone();
+        let mut builder = deltalake::DeltaTableBuilder::from_url(url.clone())
+            .map_err(|e| self.table_err(e))?
+            .with_storage_options(self.options.storage_options.clone());
+        if url.scheme() == "file" {
+            builder = builder
+                .with_storage_backend(Arc::new(crate::local_store::FastLocalStore::new()), url);
+        }
+        let mut table = builder.build().map_err(|e| self.table_err(e))?;
+        match table.load().await {
+            Ok(()) | Err(DeltaTableError::NotATable(_)) => Ok(table),
+            Err(e) => Err(self.table_err(e)),
+        }
     }
 
     /// Refresh the cached table to its latest version and run `f` on it.
@@ -132,12 +154,70 @@ impl DeltaSink {
         Ok(f(table))
     }
 
+    /// The txn version recorded for `query_id` in `table`'s current state.
+    ///
+    /// The whole-log lookup costs more as the log grows between Delta
+    /// checkpoints, so the answer is cached per table version and brought
+    /// up to date by reading only the commits made since (usually none:
+    /// this process is the only writer of its query).
     async fn txn_version(&self, table: &DeltaTable, query_id: &str) -> Result<Option<i64>> {
+        let current = table.version().unwrap_or_default();
+        let cached = self.txn.lock().await.clone();
+        if let Some(c) = cached
+            && c.app_id == query_id
+            && c.table_version <= current
+            && current - c.table_version <= MAX_INCREMENTAL_TXN_SCAN
+            && let Some(txn) = self
+                .scan_txn(table, query_id, c.table_version, current, c.txn)
+                .await
+        {
+            self.remember_txn(query_id, current, txn).await;
+            return Ok(txn);
+        }
         let state = table.snapshot().map_err(|e| self.table_err(e))?;
-        state
+        let txn = state
             .transaction_version(table.log_store().as_ref(), query_id)
             .await
-            .map_err(|e| self.table_err(e))
+            .map_err(|e| self.table_err(e))?;
+        self.remember_txn(query_id, current, txn).await;
+        Ok(txn)
+    }
+
+    async fn remember_txn(&self, app_id: &str, table_version: u64, txn: Option<i64>) {
+        *self.txn.lock().await = Some(TxnCache {
+            app_id: app_id.to_string(),
+            table_version,
+            txn,
+        });
+    }
+
+    /// The txn version of `app_id` after the commits `(from, to]`, starting
+    /// from `txn` at `from`; `None` when a commit cannot be read (then the
+    /// caller asks delta-rs).
+    async fn scan_txn(
+        &self,
+        table: &DeltaTable,
+        app_id: &str,
+        from: u64,
+        to: u64,
+        mut txn: Option<i64>,
+    ) -> Option<Option<i64>> {
+        let store = table.log_store();
+        for v in from + 1..=to {
+            let bytes = store.read_commit_entry(v).await.ok()??;
+            for line in bytes.split(|b| *b == b'\n') {
+                // Cheap pre-filter: most commit lines are adds.
+                if !line.windows(6).any(|w| w == b"\"txn\":") {
+                    continue;
+                }
+                let action: serde_json::Value = serde_json::from_slice(line).ok()?;
+                let t = &action["txn"];
+                if t["appId"].as_str() == Some(app_id) {
+                    txn = Some(t["version"].as_i64()?);
+                }
+            }
+        }
+        Some(txn)
     }
 }
 
@@ -338,7 +418,16 @@ impl Sink for DeltaSink {
             table: self.name.clone(),
             reason: "the sink was not opened".into(),
         })?;
-        table.update_state().await.map_err(|e| self.table_err(e))?;
+        // With this query's txn known at the table's current state, the log
+        // is not re-read: a commit by another writer since then is caught by
+        // Delta's conflict check below (a txn of the same app id conflicts),
+        // which then re-reads and re-checks.
+        let cached = self.txn.lock().await.clone();
+        let fresh = cached
+            .is_some_and(|c| c.app_id == info.query_id && Some(c.table_version) == table.version());
+        if !fresh {
+            table.update_state().await.map_err(|e| self.table_err(e))?;
+        }
         let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
         if let Some(v) = self.txn_version(table, &info.query_id).await?
             && v >= batch
@@ -350,7 +439,18 @@ impl Sink for DeltaSink {
         let mut meta = info.metadata.clone();
         meta.insert("batchId".into(), serde_json::json!(info.batch_id));
         meta.insert("queryId".into(), serde_json::json!(info.query_id));
+        // Expired-log cleanup lists the whole log; run it only when this
+        // commit also writes a Delta checkpoint (every checkpointInterval
+        // commits), so a commit's cost does not grow with the log.
+        let state = table.snapshot().map_err(|e| self.table_err(e))?;
+        let interval = state
+            .table_config()
+            .checkpoint_interval
+            .map(|n| n.get())
+            .unwrap_or(100);
+        let next = table.version().unwrap_or_default() + 1;
         let props = CommitProperties::default()
+            .with_cleanup_expired_logs(Some(next % interval == 0))
             .with_application_transaction(Transaction::new(&info.query_id, batch))
             .with_metadata([("lakestream".to_string(), serde_json::Value::Object(meta))]);
         let operation = DeltaOperation::StreamingUpdate {
@@ -366,7 +466,10 @@ impl Sink for DeltaSink {
         match result {
             Ok(done) => {
                 let version = done.version();
-                table.update_state().await.map_err(|e| self.table_err(e))?;
+                // The commit returns the new state: no need to re-read the log.
+                table.state = Some(done.snapshot());
+                self.remember_txn(&info.query_id, version, Some(batch))
+                    .await;
                 Ok(CommitOutcome::Committed { version })
             }
             Err(err) => {

@@ -18,6 +18,7 @@
 //! Implementation here: [`delta::DeltaSink`] (Delta Lake through delta-rs).
 
 pub mod delta;
+mod local_store;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;

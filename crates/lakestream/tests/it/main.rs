@@ -4,3 +4,4 @@
 mod api;
 mod common;
 mod kafka_faults;
+mod sink;

@@ -1,0 +1,188 @@
+//! A local-file-system object store whose `list_with_offset` stays cheap in
+//! big directories.
+//!
+//! Every Delta commit lists `_delta_log/` from the current version on. The
+//! stock local store turns each directory entry into a URL and back before
+//! comparing it with the offset, which costs ~10 µs per entry: thousands of
+//! log files made each commit tens of milliseconds slower. This store
+//! compares the entry names first and only stats the entries past the offset.
+//! Everything else is the stock `LocalFileSystem`.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, StreamExt};
+use object_store::local::LocalFileSystem;
+use object_store::path::{Path, PathPart};
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
+};
+
+/// The local file system rooted at `/`, with a fast offset listing.
+#[derive(Debug)]
+pub(crate) struct FastLocalStore {
+    inner: Arc<LocalFileSystem>,
+}
+
+impl FastLocalStore {
+    pub(crate) fn new() -> Self {
+        Self {
+            inner: Arc::new(LocalFileSystem::new()),
+        }
+    }
+}
+
+impl std::fmt::Display for FastLocalStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FastLocalStore({})", self.inner)
+    }
+}
+
+/// Files below `dir` (recursively) whose object path, `prefix/...`, sorts
+/// after `offset`, in no particular order.
+fn names_after(dir: &std::path::Path, prefix: &Path, offset: &Path, out: &mut Vec<Path>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let path = prefix.clone().join(PathPart::from(name));
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() {
+            // A directory may hold names after the offset even if its own
+            // name sorts before it only when it is a prefix of the offset.
+            if path.as_ref() > offset.as_ref() || offset.as_ref().starts_with(path.as_ref()) {
+                names_after(&entry.path(), &path, offset, out);
+            }
+        } else if path.as_ref() > offset.as_ref() && !name.contains('#') {
+            // `#` marks the stock store's in-progress uploads.
+            out.push(path);
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FastLocalStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        let prefix = prefix.cloned().unwrap_or_default();
+        let offset = offset.clone();
+        let inner = self.inner.clone();
+        let found = async move {
+            let dir = std::path::PathBuf::from(format!("/{prefix}"));
+            let listed = tokio::task::spawn_blocking(move || {
+                let mut out = Vec::new();
+                names_after(&dir, &prefix, &offset, &mut out);
+                out
+            })
+            .await
+            .unwrap_or_default();
+            stream::iter(listed)
+                .then(move |p| {
+                    let inner = inner.clone();
+                    async move { inner.head(&p).await }
+                })
+                // A file removed between the listing and the stat is not listed.
+                .filter(|r| {
+                    std::future::ready(!matches!(r, Err(object_store::Error::NotFound { .. })))
+                })
+        };
+        stream::once(found).flatten().boxed()
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
+        self.inner.rename_opts(from, to, options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::TryStreamExt;
+
+    #[tokio::test]
+    async fn offset_listing_matches_the_stock_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("_delta_log");
+        std::fs::create_dir_all(log.join("_staged")).unwrap();
+        for v in 0..30 {
+            std::fs::write(log.join(format!("{v:020}.json")), "{}").unwrap();
+        }
+        std::fs::write(log.join("_last_checkpoint"), "{}").unwrap();
+        std::fs::write(log.join("_staged/x.json"), "{}").unwrap();
+        let prefix = Path::from_filesystem_path(&log).unwrap();
+        let offset = prefix.clone().join(format!("{:020}", 17));
+        let fast = FastLocalStore::new();
+        let stock = LocalFileSystem::new();
+        let mut a: Vec<String> = fast
+            .list_with_offset(Some(&prefix), &offset)
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        let mut b: Vec<String> = stock
+            .list_with_offset(Some(&prefix), &offset)
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+        assert!(a.iter().any(|p| p.ends_with("00000000000000000017.json")));
+        assert!(a.iter().any(|p| p.ends_with("_staged/x.json")));
+    }
+}
