@@ -9,7 +9,7 @@ use arrow::datatypes::SchemaRef;
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::TableProvider;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_plan::execute_stream;
+use datafusion::physical_plan::execute_stream_partitioned;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use lakestream_checkpoint::{Checkpoint, CommitEntry, OffsetsEntry, SourceRange, now_ms};
@@ -736,12 +736,41 @@ impl Driver {
             .create_physical_plan(&self.plan)
             .await
             .map_err(exec_err)?;
-        let mut stream = execute_stream(physical, state.task_ctx()).map_err(exec_err)?;
-        let mut writer = self.sink.begin(batch_id).await?;
-        while let Some(batch) = stream.next().await {
-            writer.write(batch.map_err(exec_err)?).await?;
+        // One writer per output partition, each on its own task: decoding,
+        // the query and Parquet encoding of a partition run together, and
+        // partitions run in parallel. The files of all writers form the
+        // batch's one commit.
+        let streams = execute_stream_partitioned(physical, state.task_ctx()).map_err(exec_err)?;
+        let mut tasks = tokio::task::JoinSet::new();
+        for mut stream in streams {
+            let sink = self.sink.clone();
+            tasks.spawn(async move {
+                let exec_err = move |e: datafusion::error::DataFusionError| Error::Execution {
+                    batch_id,
+                    message: e.strip_backtrace(),
+                };
+                let mut writer = sink.begin(batch_id).await?;
+                while let Some(batch) = stream.next().await {
+                    writer.write(batch.map_err(exec_err)?).await?;
+                }
+                Ok::<_, Error>(writer.finish().await?)
+            });
         }
-        Ok(writer.finish().await?)
+        let mut staged: Option<lakestream_sink::Staged> = None;
+        while let Some(done) = tasks.join_next().await {
+            let part = done.map_err(|e| Error::Execution {
+                batch_id,
+                message: format!("a writer task failed: {e}"),
+            })??;
+            staged = Some(match staged {
+                Some(s) => s.merge(part),
+                None => part,
+            });
+        }
+        match staged {
+            Some(s) => Ok(s),
+            None => Ok(self.sink.begin(batch_id).await?.finish().await?),
+        }
     }
 }
 

@@ -112,6 +112,18 @@ pub struct Staged {
     actions: Vec<deltalake::kernel::Action>,
 }
 
+impl Staged {
+    /// Combine the files of two writers of the same batch, for one commit.
+    pub fn merge(mut self, other: Staged) -> Staged {
+        debug_assert_eq!(self.batch_id, other.batch_id);
+        self.rows += other.rows;
+        self.files += other.files;
+        self.bytes += other.bytes;
+        self.actions.extend(other.actions);
+        self
+    }
+}
+
 /// The result of [`Sink::commit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitOutcome {
@@ -161,7 +173,9 @@ pub trait Sink: Send + Sync {
     /// table state.
     async fn committed_batch(&self, query_id: &str) -> Result<Option<u64>>;
 
-    /// Start writing batch `batch_id`.
+    /// Start writing batch `batch_id`. May be called several times for one
+    /// batch (one writer per output partition, running in parallel); their
+    /// [`Staged`] results are merged and committed once.
     async fn begin(&self, batch_id: u64) -> Result<Box<dyn BatchWriter>>;
 
     /// Atomically make `staged` visible, recording `info.batch_id` for
