@@ -290,7 +290,9 @@ async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result
     }
     let mut fo = FileSourceOptions::new(format.clone());
     fo.max_files_per_trigger = opt_num(job, t, "max_files_per_trigger")?.map(|n| n as usize);
-    fo.max_bytes_per_trigger = opt_num(job, t, "max_bytes_per_trigger")?;
+    if let Some(b) = opt_num(job, t, "max_bytes_per_trigger")? {
+        fo.max_bytes_per_trigger = Some(b);
+    }
     if let Some(b) = opt_num(job, t, "batch_size")? {
         fo.batch_size = b as usize;
     }
