@@ -178,6 +178,19 @@ pub struct KafkaSource {
     value_schema: SchemaRef,
     schema: SchemaRef,
     state: Arc<Mutex<KafkaState>>,
+    /// The client that plans (metadata, watermarks, offsets for times),
+    /// created at the first plan and kept: a continuous query plans every
+    /// poll interval, and a new client would reconnect each time.
+    planner: PlannerSlot,
+}
+
+#[derive(Default)]
+struct PlannerSlot(Mutex<Option<Arc<BaseConsumer>>>);
+
+impl std::fmt::Debug for PlannerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlannerSlot")
+    }
 }
 
 /// Names of the metadata columns every Kafka table has, after its value
@@ -262,6 +275,7 @@ impl KafkaSource {
             value_schema,
             options,
             state: Arc::new(Mutex::new(KafkaState::default())),
+            planner: PlannerSlot::default(),
         })
     }
 
@@ -277,6 +291,21 @@ impl KafkaSource {
         })
     }
 
+    /// The planning client, created on first use.
+    fn planner(&self) -> Result<Arc<BaseConsumer>> {
+        let mut slot = self.planner.0.lock().expect("kafka planner");
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c: Arc<BaseConsumer> = Arc::new(
+            self.client_config()
+                .create()
+                .map_err(|e| create_err(&self.name, e))?,
+        );
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
     fn kafka_err(&self, what: &str, e: KafkaError) -> Error {
         Error::Kafka {
             source_name: self.name.clone(),
@@ -284,6 +313,15 @@ impl KafkaSource {
             reason: e.to_string(),
             transient: is_transient(&e),
         }
+    }
+}
+
+fn create_err(source_name: &str, e: KafkaError) -> Error {
+    Error::Kafka {
+        source_name: source_name.to_string(),
+        what: "create consumer".into(),
+        reason: e.to_string(),
+        transient: false,
     }
 }
 
@@ -584,12 +622,7 @@ impl Source for KafkaSource {
         cfg.set("group.id", &group);
         let name = self.name.clone();
         tokio::task::spawn_blocking(move || -> Result<()> {
-            let consumer: BaseConsumer = cfg.create().map_err(|e| Error::Kafka {
-                source_name: name.clone(),
-                what: "create consumer".into(),
-                reason: e.to_string(),
-                transient: false,
-            })?;
+            let consumer: BaseConsumer = cfg.create().map_err(|e| create_err(&name, e))?;
             let mut tpl = TopicPartitionList::new();
             for (t, ps) in &end.partitions {
                 for (p, o) in ps {
@@ -667,17 +700,11 @@ impl KafkaSource {
     }
 
     async fn watermarks(&self) -> Result<Watermarks> {
-        let cfg = self.client_config();
+        let consumer = self.planner()?;
         let topics = self.options.topics.clone();
         let timeout = self.options.request_timeout;
         let name = self.name.clone();
         tokio::task::spawn_blocking(move || {
-            let consumer: BaseConsumer = cfg.create().map_err(|e| Error::Kafka {
-                source_name: name.clone(),
-                what: "create consumer".into(),
-                reason: e.to_string(),
-                transient: false,
-            })?;
             fetch_watermarks(&consumer, &topics, timeout).map_err(|e| Error::Kafka {
                 source_name: name,
                 what: "read topic metadata and watermarks".into(),
@@ -724,7 +751,7 @@ impl KafkaSource {
                 }
             }
             StartingOffsets::Timestamp(ts) => {
-                let cfg = self.client_config();
+                let consumer = self.planner()?;
                 let timeout = self.options.request_timeout;
                 let name = self.name.clone();
                 let mut tpl = TopicPartitionList::new();
@@ -733,18 +760,16 @@ impl KafkaSource {
                         let _ = tpl.add_partition_offset(t, p, KOffset::Offset(*ts));
                     }
                 }
-                let found = tokio::task::spawn_blocking(move || {
-                    let consumer: BaseConsumer = cfg.create()?;
-                    consumer.offsets_for_times(tpl, timeout)
-                })
-                .await
-                .map_err(|e| Error::Kafka {
-                    source_name: name.clone(),
-                    what: "offsets_for_times".into(),
-                    reason: e.to_string(),
-                    transient: false,
-                })?
-                .map_err(|e| self.kafka_err("look up offsets for starting_timestamp", e))?;
+                let found =
+                    tokio::task::spawn_blocking(move || consumer.offsets_for_times(tpl, timeout))
+                        .await
+                        .map_err(|e| Error::Kafka {
+                            source_name: name.clone(),
+                            what: "offsets_for_times".into(),
+                            reason: e.to_string(),
+                            transient: false,
+                        })?
+                        .map_err(|e| self.kafka_err("look up offsets for starting_timestamp", e))?;
                 for el in found.elements() {
                     let (lo, hi) = marks
                         .marks
@@ -776,12 +801,7 @@ impl KafkaSource {
         let batch_size = self.options.batch_size.max(1);
         let timeout = self.options.read_timeout;
         let fut = async move {
-            let consumer: StreamConsumer = cfg.create().map_err(|e| Error::Kafka {
-                source_name: name.clone(),
-                what: "create consumer".into(),
-                reason: e.to_string(),
-                transient: false,
-            })?;
+            let consumer: StreamConsumer = cfg.create().map_err(|e| create_err(&name, e))?;
             let mut tpl = TopicPartitionList::new();
             let mut remaining: HashMap<(String, i32), (i64, i64)> = HashMap::new();
             for (t, p, s, e) in &ranges {
