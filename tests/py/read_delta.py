@@ -2,6 +2,8 @@
 package (delta-rs bindings) and pyarrow: an independent reader.
 
 usage: read_delta.py TABLE_PATH            rows as JSON lines
+       (TABLE_PATH may be s3://...: the test S3 server is taken from
+       LAKESTREAM_S3_ENDPOINT, LAKESTREAM_S3_KEY_ID, LAKESTREAM_S3_SECRET)
        read_delta.py TABLE_PATH --meta     one JSON object: version, partition columns, schema
 """
 import json
@@ -11,8 +13,21 @@ import sys
 import deltalake
 
 
+def storage_options(uri: str):
+    """Credentials and endpoint of the test S3 server for s3:// tables."""
+    if not uri.startswith("s3://"):
+        return None
+    return {
+        "AWS_ENDPOINT_URL": os.environ["LAKESTREAM_S3_ENDPOINT"],
+        "AWS_ACCESS_KEY_ID": os.environ["LAKESTREAM_S3_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": os.environ["LAKESTREAM_S3_SECRET"],
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
+
+
 def main() -> None:
-    table = deltalake.DeltaTable(sys.argv[1])
+    table = deltalake.DeltaTable(sys.argv[1], storage_options=storage_options(sys.argv[1]))
     if "--meta" in sys.argv[2:]:
         data = table.to_pyarrow_table()
         print(

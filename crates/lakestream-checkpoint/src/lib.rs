@@ -51,7 +51,7 @@ use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use location::Location;
+pub use location::{Location, register_object_store};
 
 /// The checkpoint file format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -68,6 +68,18 @@ pub enum Error {
         /// The checkpoint location.
         location: String,
         /// What showed the checkpoint is taken.
+        detail: String,
+    },
+    /// The store does not guarantee atomic create-if-absent writes.
+    #[error(
+        "{location} cannot be used: exactly-once needs atomic create-if-absent writes \
+         (conditional PUT, S3 If-None-Match) and this store does not honour them ({detail}); \
+         use a store that does (AWS S3, Google Cloud Storage, Azure Blob, SeaweedFS, MinIO)"
+    )]
+    NoAtomicCreate {
+        /// The location.
+        location: String,
+        /// What the probe saw.
         detail: String,
     },
     /// A checkpoint file cannot be parsed.
@@ -237,6 +249,7 @@ impl Checkpoint {
             Some(dir) => Some(take_lock(dir, location.url().as_str())?),
             None => None,
         };
+        location.verify_atomic_create().await?;
         let metadata = match read_metadata(&location).await? {
             Some(m) => m,
             None => {

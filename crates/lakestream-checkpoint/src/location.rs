@@ -3,14 +3,31 @@
 //! Every location in lakestream (stream sources, static tables, the sink, the
 //! checkpoint) goes through [`Location::parse`], so a plain path, a `file://`
 //! URL and an `s3://`, `gs://` or `az://` URL behave the same way everywhere.
+//!
+//! Cloud stores take their credentials and endpoint from the standard
+//! environment variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`), overridden by
+//! storage options (`aws_endpoint` or `aws.endpoint`, ...), and retry
+//! transient errors (5xx, timeouts, resets) with object_store's backoff.
+//! An embedding program can serve a bucket with its own store through
+//! [`register_object_store`].
+//!
+//! Exactly-once rests on atomic create-if-absent writes (S3
+//! `If-None-Match`); [`Location::verify_atomic_create`] proves a store
+//! honours them before anything is written.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 
-use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
+use object_store::{
+    BackoffConfig, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+};
 use url::Url;
 
 use crate::{Error, Result};
@@ -50,18 +67,79 @@ impl Location {
                 local_dir: Some(dir),
             });
         }
-        let (store, root) = object_store::parse_url_opts(&url, options.iter()).map_err(|e| {
-            Error::InvalidLocation {
-                location: location.to_string(),
-                reason: e.to_string(),
-            }
+        let root = Path::from_url_path(url.path()).map_err(|e| Error::InvalidLocation {
+            location: location.to_string(),
+            reason: e.to_string(),
         })?;
+        let store = match registered_store(&url) {
+            Some(store) => store,
+            None => cloud_store(&url, options).map_err(|reason| Error::InvalidLocation {
+                location: location.to_string(),
+                reason,
+            })?,
+        };
         Ok(Self {
             url,
-            store: Arc::from(store),
+            store,
             root,
             local_dir: None,
         })
+    }
+
+    /// Prove that the store refuses a second create of the same object.
+    ///
+    /// The checkpoint's `offsets/N` and every Delta commit are written with
+    /// create-if-absent; on a store that silently overwrites instead, two
+    /// writers (or a retry after a lost response) could both "win" and a
+    /// batch could be lost or doubled. Local directories always qualify. On
+    /// an object store a probe object below the root is created twice and
+    /// removed; a store that accepts the second create is refused with
+    /// [`Error::NoAtomicCreate`].
+    pub async fn verify_atomic_create(&self) -> Result<()> {
+        if self.local_dir.is_some() {
+            return Ok(());
+        }
+        let probe = self.child(&format!("_lakestream_probe/{}", uuid::Uuid::new_v4()));
+        let create = || PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let store_err = |source| Error::Store {
+            file: format!("{}{}", self.url, "_lakestream_probe"),
+            source,
+        };
+        let not_implemented = || Error::NoAtomicCreate {
+            location: self.url.to_string(),
+            detail: "the store does not implement create-if-absent writes".into(),
+        };
+        match self
+            .store
+            .put_opts(&probe, PutPayload::from_static(b"1"), create())
+            .await
+        {
+            Ok(_) => {}
+            Err(object_store::Error::NotImplemented { .. }) => return Err(not_implemented()),
+            Err(e) => return Err(store_err(e)),
+        }
+        let second = self
+            .store
+            .put_opts(&probe, PutPayload::from_static(b"2"), create())
+            .await;
+        // Best effort: a leftover probe object is harmless. Probes left by
+        // processes killed mid-probe are removed once they are old enough
+        // that no live probe can be among them.
+        let _ = self.store.delete(&probe).await;
+        self.remove_stale_probes().await;
+        match second {
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(object_store::Error::NotImplemented { .. }) => Err(not_implemented()),
+            Err(e) => Err(store_err(e)),
+            Ok(_) => Err(Error::NoAtomicCreate {
+                location: self.url.to_string(),
+                detail: "a second create of the same object succeeded and overwrote the first"
+                    .into(),
+            }),
+        }
     }
 
     /// The location as a URL (`file:///abs/path/` for local paths), always
@@ -104,6 +182,144 @@ impl Location {
         }
         Ok(())
     }
+}
+
+impl Location {
+    async fn remove_stale_probes(&self) {
+        use futures::StreamExt;
+        let dir = self.child("_lakestream_probe");
+        let cutoff = chrono::Utc::now() - chrono::Duration::minutes(10);
+        let mut listed = self.store.list(Some(&dir));
+        while let Some(Ok(meta)) = listed.next().await {
+            if meta.last_modified < cutoff {
+                let _ = self.store.delete(&meta.location).await;
+            }
+        }
+    }
+}
+
+/// Stores registered by the embedding program, by `scheme://authority/`.
+type Registry = RwLock<Vec<(String, Arc<dyn ObjectStore>)>>;
+
+fn registry() -> &'static Registry {
+    static STORES: OnceLock<Registry> = OnceLock::new();
+    STORES.get_or_init(|| RwLock::new(Vec::new()))
+}
+
+fn store_key(url: &Url) -> String {
+    format!("{}://{}/", url.scheme(), url.authority())
+}
+
+/// Serve every location under `url`'s scheme and bucket (`s3://bucket/`)
+/// with `store` instead of a store built from the URL and options.
+///
+/// `store` addresses objects by their path below the bucket, as the stores
+/// object_store builds for a URL do. For embedding programs with their own
+/// credentials provider or client, and for tests that inject faults.
+/// A later registration for the same bucket replaces the earlier one.
+pub fn register_object_store(url: &Url, store: Arc<dyn ObjectStore>) {
+    let key = store_key(url);
+    let mut stores = registry().write().unwrap_or_else(|e| e.into_inner());
+    stores.retain(|(k, _)| *k != key);
+    stores.push((key, store));
+}
+
+fn registered_store(url: &Url) -> Option<Arc<dyn ObjectStore>> {
+    let key = store_key(url);
+    let stores = registry().read().unwrap_or_else(|e| e.into_inner());
+    stores
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, s)| s.clone())
+}
+
+/// Storage option keys as object_store spells them: `aws.endpoint` and
+/// `AWS_ENDPOINT` both become `aws_endpoint`.
+fn normalized(options: &HashMap<String, String>) -> Vec<(String, String)> {
+    options
+        .iter()
+        .map(|(k, v)| (k.to_ascii_lowercase().replace('.', "_"), v.clone()))
+        .collect()
+}
+
+/// The retry policy for transient store errors: `max_retries` (default 10)
+/// and `retry_timeout` in seconds (default 180) from the storage options,
+/// also accepted with a store prefix (`aws.max_retries`).
+fn retry_config(options: &[(String, String)]) -> std::result::Result<RetryConfig, String> {
+    let mut retry = RetryConfig {
+        backoff: BackoffConfig::default(),
+        max_retries: 10,
+        retry_timeout: Duration::from_secs(180),
+    };
+    for (k, v) in options {
+        // `max_retries`, or with a store prefix (`aws.max_retries`).
+        let key = ["aws_", "google_", "azure_"]
+            .iter()
+            .find_map(|p| k.strip_prefix(p))
+            .unwrap_or(k);
+        match key {
+            "max_retries" => {
+                retry.max_retries = v
+                    .parse()
+                    .map_err(|_| format!("max_retries {v:?} is not a whole number"))?;
+            }
+            "retry_timeout" => {
+                let secs: f64 = v
+                    .trim_end_matches('s')
+                    .parse()
+                    .map_err(|_| format!("retry_timeout {v:?} is not a number of seconds"))?;
+                retry.retry_timeout = Duration::from_secs_f64(secs.max(0.0));
+            }
+            _ => {}
+        }
+    }
+    Ok(retry)
+}
+
+/// Build the store for a cloud URL: environment first, then `options`.
+/// Errors never include option values (they may be secrets).
+fn cloud_store(
+    url: &Url,
+    options: &HashMap<String, String>,
+) -> std::result::Result<Arc<dyn ObjectStore>, String> {
+    let options = normalized(options);
+    let retry = retry_config(&options)?;
+    let bucket_url = store_key(url);
+    let store: Arc<dyn ObjectStore> = match url.scheme() {
+        "s3" | "s3a" => {
+            let mut b = AmazonS3Builder::from_env().with_url(bucket_url);
+            for (k, v) in &options {
+                if let Ok(key) = k.parse() {
+                    b = b.with_config(key, v);
+                }
+            }
+            Arc::new(b.with_retry(retry).build().map_err(|e| e.to_string())?)
+        }
+        "gs" => {
+            let mut b = GoogleCloudStorageBuilder::from_env().with_url(bucket_url);
+            for (k, v) in &options {
+                if let Ok(key) = k.parse() {
+                    b = b.with_config(key, v);
+                }
+            }
+            Arc::new(b.with_retry(retry).build().map_err(|e| e.to_string())?)
+        }
+        "az" | "azure" | "abfs" | "abfss" | "adl" => {
+            let mut b = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+            for (k, v) in &options {
+                if let Ok(key) = k.parse() {
+                    b = b.with_config(key, v);
+                }
+            }
+            Arc::new(b.with_retry(retry).build().map_err(|e| e.to_string())?)
+        }
+        other => {
+            return Err(format!(
+                "unsupported scheme {other:?}: use a local path, file://, s3://, gs:// or az://"
+            ));
+        }
+    };
+    Ok(store)
 }
 
 /// Parse a location string into a URL: URLs with a scheme are kept, anything

@@ -7,6 +7,7 @@
 mod bench;
 mod query;
 mod status;
+mod table;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -110,6 +111,18 @@ enum Command {
         #[arg(long)]
         smoke: bool,
     },
+    /// Maintain a Delta table: compact, vacuum, checkpoint, history.
+    #[command(after_help = "Examples:\n  \
+        lakestream table optimize s3://bucket/events/ --target-size 128MiB\n  \
+        lakestream table vacuum target/quickstart/clean_events              # dry run: lists files\n  \
+        lakestream table vacuum target/quickstart/clean_events --execute\n  \
+        lakestream table checkpoint target/quickstart/clean_events\n  \
+        lakestream table history target/quickstart/clean_events --limit 5\n\n\
+        Compaction is safe while a stream writes to the table.")]
+    Table {
+        #[command(subcommand)]
+        action: TableAction,
+    },
     /// Run SQL over Delta, Parquet, CSV or JSON tables named by path.
     #[command(after_help = "Tables are named by their path in quotes:\n  \
         lakestream query \"SELECT count(*) FROM 'target/quickstart/clean_events'\"\n  \
@@ -124,6 +137,127 @@ enum Command {
         #[arg(long = "storage-option", value_name = "KEY=VALUE")]
         storage_options: Vec<String>,
     },
+}
+
+/// Table maintenance actions.
+#[derive(Subcommand)]
+enum TableAction {
+    /// Bin-pack small data files into files of about the target size.
+    Optimize {
+        /// The table (path or URL).
+        table: String,
+        /// Target file size (bytes, or with KiB/MiB/GiB).
+        #[arg(long, default_value = "128MiB", value_parser = parse_size)]
+        target_size: u64,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Storage option, as KEY=VALUE (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+        storage_options: Vec<String>,
+    },
+    /// Delete data files the table no longer references (dry run unless --execute).
+    Vacuum {
+        /// The table (path or URL).
+        table: String,
+        /// Keep files removed less than this many hours ago.
+        #[arg(long, default_value_t = 168)]
+        retention_hours: u64,
+        /// Delete the files (without it, only list them).
+        #[arg(long)]
+        execute: bool,
+        /// Allow a retention below the table's `delta.deletedFileRetentionDuration`.
+        #[arg(long)]
+        allow_short_retention: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Storage option, as KEY=VALUE (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+        storage_options: Vec<String>,
+    },
+    /// Write a Delta log checkpoint at the current version.
+    Checkpoint {
+        /// The table (path or URL).
+        table: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Storage option, as KEY=VALUE (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+        storage_options: Vec<String>,
+    },
+    /// Show the latest commits: version, time, operation, batch id.
+    History {
+        /// The table (path or URL).
+        table: String,
+        /// How many commits.
+        #[arg(long, default_value_t = 20)]
+        limit: u64,
+        /// Print one JSON object per commit.
+        #[arg(long)]
+        json: bool,
+        /// Storage option, as KEY=VALUE (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+        storage_options: Vec<String>,
+    },
+}
+
+/// A size such as `134217728`, `128MiB`, `64mb` or `1GiB`.
+fn parse_size(v: &str) -> Result<u64, String> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{v:?} is not a size"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?} (use KiB, MiB or GiB)")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{v:?} is too large"))
+}
+
+async fn table_command(action: TableAction) -> anyhow::Result<()> {
+    match action {
+        TableAction::Optimize {
+            table: t,
+            target_size,
+            json,
+            storage_options,
+        } => table::optimize(&t, target_size, json, &parse_kv(&storage_options)?).await,
+        TableAction::Vacuum {
+            table: t,
+            retention_hours,
+            execute,
+            allow_short_retention,
+            json,
+            storage_options,
+        } => {
+            table::vacuum(
+                &t,
+                retention_hours,
+                execute,
+                allow_short_retention,
+                json,
+                &parse_kv(&storage_options)?,
+            )
+            .await
+        }
+        TableAction::Checkpoint {
+            table: t,
+            json,
+            storage_options,
+        } => table::checkpoint(&t, json, &parse_kv(&storage_options)?).await,
+        TableAction::History {
+            table: t,
+            limit,
+            json,
+            storage_options,
+        } => table::history(&t, limit, json, &parse_kv(&storage_options)?).await,
+    }
 }
 
 fn parse_kv(items: &[String]) -> anyhow::Result<HashMap<String, String>> {
@@ -173,6 +307,7 @@ fn main() -> ExitCode {
                 json,
                 storage_options,
             } => report(status::status(&checkpoint, json, &storage_options).await),
+            Command::Table { action } => report(table_command(action).await),
             Command::Query {
                 sql,
                 format,

@@ -83,14 +83,8 @@ async fn register(
         None => true,
     };
     if is_delta {
-        let table = deltalake::DeltaTable::try_from_url_with_storage_options(
-            loc.url().clone(),
-            options.clone(),
-        )
-        .await;
-        if let Ok(table) = table
-            && table.version().is_some()
-        {
+        let table = lakestream::sink::delta::load_table(&loc).await;
+        if let Ok(Some(table)) = table {
             table.update_datafusion_session(&ctx.state())?;
             let provider = table.table_provider().await?;
             ctx.register_table(name, provider)?;

@@ -589,15 +589,10 @@ async fn register_static(
         "DELTA" => {
             let loc =
                 lakestream_checkpoint::Location::parse(&t.location, &store_options(t, storage))?;
-            let table = deltalake::DeltaTable::try_from_url_with_storage_options(
-                loc.url().clone(),
-                store_options(t, storage),
-            )
-            .await
-            .map_err(|e| err(format!("cannot open Delta table {}: {e}", t.location)))?;
-            if table.version().is_none() {
-                return Err(err(format!("{} is not a Delta table", t.location)));
-            }
+            let table = lakestream_sink::delta::load_table(&loc)
+                .await
+                .map_err(|e| err(format!("cannot open Delta table {}: {e}", t.location)))?
+                .ok_or_else(|| err(format!("{} is not a Delta table", t.location)))?;
             table
                 .update_datafusion_session(&ctx.state())
                 .map_err(|e| err(e.to_string()))?;
@@ -607,6 +602,13 @@ async fn register_static(
                 .map_err(|e| err(e.strip_backtrace()))?
         }
         _ => {
+            // DataFusion reads the files through the same store the rest of
+            // the job uses (credentials, endpoint, retries).
+            let loc =
+                lakestream_checkpoint::Location::parse(&t.location, &store_options(t, storage))?;
+            if loc.local_dir().is_none() {
+                ctx.register_object_store(loc.url(), loc.store().clone());
+            }
             let plan = ctx
                 .state()
                 .statement_to_plan(t.statement.clone())

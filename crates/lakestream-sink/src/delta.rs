@@ -12,6 +12,13 @@
 //! Data files stream out through delta-rs's `RecordBatchWriter`: Parquet
 //! files roll at the target file size, so memory is bounded by the open
 //! files, not by the batch or the table.
+//!
+//! On every store the table is written through delta-rs's default log
+//! store, which creates `_delta_log/N.json` with a create-if-absent PUT
+//! (S3 `If-None-Match`), over the store lakestream's own [`Location`]
+//! built. No locking service is needed; a store that cannot create
+//! atomically is refused when the sink opens
+//! ([`Location::verify_atomic_create`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -124,15 +131,7 @@ impl DeltaSink {
 
     async fn load(&self) -> Result<DeltaTable> {
         self.location.ensure_local_dir()?;
-        let url = self.location.url().clone();
-        let mut builder = deltalake::DeltaTableBuilder::from_url(url.clone())
-            .map_err(|e| self.table_err(e))?
-            .with_storage_options(self.options.storage_options.clone());
-        if url.scheme() == "file" {
-            builder = builder
-                .with_storage_backend(Arc::new(crate::local_store::FastLocalStore::new()), url);
-        }
-        let mut table = builder.build().map_err(|e| self.table_err(e))?;
+        let mut table = open_table(&self.location).map_err(|e| self.table_err(e))?;
         match table.load().await {
             Ok(()) | Err(DeltaTableError::NotATable(_)) => Ok(table),
             Err(e) => Err(self.table_err(e)),
@@ -221,6 +220,70 @@ impl DeltaSink {
     }
 }
 
+/// A [`DeltaTable`] handle (not loaded) for the table at `location`, served
+/// by the location's store (the fast local store for local tables) and
+/// committing with create-if-absent PUTs on every scheme.
+pub fn open_table(location: &Location) -> Result<DeltaTable, DeltaTableError> {
+    register_log_stores();
+    let url = location.url().clone();
+    let store: deltalake::logstore::ObjectStoreRef = if url.scheme() == "file" {
+        Arc::new(crate::local_store::FastLocalStore::new())
+    } else {
+        location.store().clone()
+    };
+    deltalake::DeltaTableBuilder::from_url(url.clone())?
+        .with_storage_backend(store, url)
+        .build()
+}
+
+/// Open and load the Delta table at `location`: `None` when no table is
+/// there yet.
+pub async fn load_table(location: &Location) -> Result<Option<DeltaTable>, DeltaTableError> {
+    let mut table = open_table(location)?;
+    match table.load().await {
+        Ok(()) => Ok(table.version().is_some().then_some(table)),
+        Err(DeltaTableError::NotATable(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Cloud schemes commit through delta-rs's default log store: each commit
+/// file is created with `PutMode::Create`, which object_store sends as a
+/// conditional PUT (`If-None-Match: *` on S3, generation/etag preconditions
+/// on GCS and Azure).
+#[derive(Debug, Default)]
+struct ConditionalPutLogStores;
+
+impl deltalake::logstore::LogStoreFactory for ConditionalPutLogStores {
+    fn with_options(
+        &self,
+        prefixed_store: deltalake::logstore::ObjectStoreRef,
+        root_store: deltalake::logstore::ObjectStoreRef,
+        location: &url::Url,
+        options: &deltalake::logstore::StorageConfig,
+    ) -> deltalake::DeltaResult<deltalake::logstore::LogStoreRef> {
+        Ok(deltalake::logstore::default_logstore(
+            prefixed_store,
+            root_store,
+            location,
+            options,
+        ))
+    }
+}
+
+fn register_log_stores() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let factories = deltalake::logstore::logstore_factories();
+        for scheme in ["s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl"] {
+            let url = url::Url::parse(&format!("{scheme}://")).expect("scheme URL");
+            if !factories.contains_key(&url) {
+                factories.insert(url, Arc::new(ConditionalPutLogStores));
+            }
+        }
+    });
+}
+
 /// The schema lakestream writes for a query output: Delta's types (UTC
 /// microsecond timestamps, plain strings and binaries) and every column
 /// nullable, so any reader opens the table.
@@ -304,6 +367,7 @@ impl Sink for DeltaSink {
                 });
             }
         }
+        self.location.verify_atomic_create().await?;
         let mut guard = self.table.lock().await;
         let table = self.load().await?;
         let table = if table.version().is_none() {

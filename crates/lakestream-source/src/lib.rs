@@ -146,18 +146,15 @@ pub enum Error {
 
 impl Error {
     /// Whether a later attempt may succeed without anything being changed
-    /// (a broker or store that is briefly unavailable).
+    /// (a broker that is briefly unavailable).
+    ///
+    /// Object-store errors are never transient here: the store client has
+    /// already retried 5xx, timeouts and resets with backoff (its retry
+    /// config), so what reaches the source is final (403, 404, retries
+    /// exhausted) and fails the query with the store's message.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Kafka { transient, .. } => *transient,
-            Error::Store { source, .. } => !matches!(
-                source,
-                object_store::Error::NotFound { .. }
-                    | object_store::Error::InvalidPath { .. }
-                    | object_store::Error::NotSupported { .. }
-                    | object_store::Error::PermissionDenied { .. }
-                    | object_store::Error::Unauthenticated { .. }
-            ),
             _ => false,
         }
     }

@@ -45,3 +45,7 @@ pub use lakestream_engine::{
     BatchProgress, Durations, Error, FailPoint, QueryBuilder, QueryHandle, QuerySummary, Result,
     SourceProgress, StopHandle, Trigger, checkpoint, job, parse_duration, plan, sink, source,
 };
+
+/// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own
+/// object store for every location of every query in this process.
+pub use lakestream_engine::checkpoint::register_object_store;

@@ -50,7 +50,7 @@ pub(crate) fn python() -> PathBuf {
 }
 
 /// Rows of the Delta table at `table`, read by Python `deltalake`.
-pub(crate) fn read_py(table: &Path) -> Vec<serde_json::Value> {
+pub(crate) fn read_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> Vec<serde_json::Value> {
     let o = Command::new(python())
         .arg(root().join("tests/py/read_delta.py"))
         .arg(table)
@@ -65,7 +65,7 @@ pub(crate) fn read_py(table: &Path) -> Vec<serde_json::Value> {
 }
 
 /// Version, partition columns, columns and row count, read by Python.
-pub(crate) fn meta_py(table: &Path) -> serde_json::Value {
+pub(crate) fn meta_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> serde_json::Value {
     let o = Command::new(python())
         .arg(root().join("tests/py/read_delta.py"))
         .arg(table)
@@ -172,5 +172,94 @@ impl Rng {
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0 % n
+    }
+}
+
+/// Run `lakestream <args>` in `dir` with `envs` again and again, killing it
+/// with SIGKILL after a random 20..370 ms (at most `max_kills` times, seeded
+/// by `seed`), until a run exits on its own. Asserts that run succeeded and
+/// returns how many kills landed. Bounded: 40 runs and `limit` of time.
+pub(crate) fn kill_until_done(
+    dir: &Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+    max_kills: usize,
+    seed: u64,
+    limit: std::time::Duration,
+) -> usize {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    eprintln!("crash test seed: {seed}");
+    let mut rng = Rng(seed | 1);
+    let mut kills = 0;
+    let deadline = Instant::now() + limit;
+    for attempt in 0..40 {
+        assert!(Instant::now() < deadline, "crash loop took too long");
+        let mut child = bin()
+            .current_dir(dir)
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if kills < max_kills {
+            let delay = Duration::from_millis(20 + rng.below(350));
+            let start = Instant::now();
+            while start.elapsed() < delay {
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                continue;
+            }
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "attempt {attempt}: {}", text(&out));
+        eprintln!("killed {kills} times");
+        return kills;
+    }
+    panic!("the job never completed");
+}
+
+/// A seed for a randomized test, from the clock (printed by the test).
+pub(crate) fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// Every id of `expected` (sorted) is in `rows` exactly once, and nothing else.
+pub(crate) fn assert_exactly_once(rows: &[serde_json::Value], expected: &[String]) {
+    let dupes: Vec<_> = counts(rows, "event_id")
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert!(dupes.is_empty(), "rows written twice: {dupes:?}");
+    assert_eq!(ids(rows), expected, "every kept event exactly once");
+}
+
+/// Wait (at most until `deadline`) until the job on `dir/ckpt` has taken
+/// `files` files and committed every batch it planned.
+pub(crate) fn wait_caught_up(dir: &Path, files: u64, deadline: std::time::Instant) {
+    loop {
+        let o = run_in(dir, &["status", "--checkpoint", "ckpt", "--json"]);
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if s["sources"]["events"]["files_taken"] == files
+            && s["last_committed_batch"] == s["last_planned_batch"]
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job did not catch up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }

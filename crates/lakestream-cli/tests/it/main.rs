@@ -8,5 +8,7 @@ mod crash;
 mod errors;
 mod faults;
 mod kafka;
+mod maintenance;
 mod quickstart;
+mod s3;
 mod signals;

@@ -43,17 +43,7 @@ fn sigterm_finishes_the_batch_in_flight_and_nothing_is_lost() {
     }
     // Wait until the job has caught up, then stop it.
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let o = run_in(dir, &["status", "--checkpoint", "ckpt", "--json"]);
-        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        if s["sources"]["events"]["files_taken"] == 7
-            && s["last_committed_batch"] == s["last_planned_batch"]
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the job did not catch up");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_caught_up(dir, 7, deadline);
     unsafe_kill(child.id(), 15);
     let status = child.wait().unwrap();
     assert!(status.success(), "exit {:?}", status.code());

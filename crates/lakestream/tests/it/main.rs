@@ -5,3 +5,4 @@ mod api;
 mod common;
 mod kafka_faults;
 mod sink;
+mod store_faults;

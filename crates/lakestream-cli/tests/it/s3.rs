@@ -1,0 +1,313 @@
+//! Input, checkpoint and table on a real S3-compatible server (SeaweedFS,
+//! started on 127.0.0.1 by scripts/test.sh): a backfill killed with SIGKILL
+//! at random moments and restarted keeps every row exactly once, the table
+//! is read by Python `deltalake` from S3, stores without conditional PUT are
+//! refused, and secrets never reach the output.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::common::*;
+
+/// The test S3 server scripts/test.sh started.
+pub(crate) struct S3 {
+    endpoint: String,
+    bucket: String,
+    key_id: String,
+    secret: String,
+}
+
+/// The server from `LAKESTREAM_S3_*`; panics with the way to get one.
+pub(crate) fn s3() -> S3 {
+    let var = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| {
+            panic!(
+                "{k} is not set: run ./scripts/test.sh, which installs and starts the \
+                 S3-compatible server these tests use"
+            )
+        })
+    };
+    S3 {
+        endpoint: var("LAKESTREAM_S3_ENDPOINT"),
+        bucket: var("LAKESTREAM_S3_BUCKET"),
+        key_id: var("LAKESTREAM_S3_KEY_ID"),
+        secret: var("LAKESTREAM_S3_SECRET"),
+    }
+}
+
+impl S3 {
+    /// A fresh prefix URL for one test: `s3://bucket/<name>-<nanos>/`.
+    pub(crate) fn prefix(&self, name: &str) -> String {
+        format!("s3://{}/{name}-{}/", self.bucket, clock_seed())
+    }
+
+    /// The environment a user sets to reach the server (standard AWS names).
+    pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", self.endpoint.clone()),
+            ("AWS_ACCESS_KEY_ID", self.key_id.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret.clone()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+        ]
+    }
+
+    fn store(&self) -> Arc<dyn ObjectStore> {
+        Arc::new(
+            AmazonS3Builder::new()
+                .with_endpoint(&self.endpoint)
+                .with_bucket_name(&self.bucket)
+                .with_access_key_id(&self.key_id)
+                .with_secret_access_key(&self.secret)
+                .with_region("us-east-1")
+                .with_allow_http(true)
+                .build()
+                .unwrap(),
+        )
+    }
+
+    fn key(&self, url: &str) -> String {
+        url.strip_prefix(&format!("s3://{}/", self.bucket))
+            .expect("a URL in the test bucket")
+            .trim_end_matches('/')
+            .to_string()
+    }
+
+    /// Upload every file of the local `dir` (not dot files) below `url`,
+    /// in name order.
+    pub(crate) fn upload_dir(&self, dir: &Path, url: &str) {
+        let store = self.store();
+        let prefix = self.key(url);
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        rt().block_on(async {
+            for n in names {
+                let body = std::fs::read(dir.join(&n)).unwrap();
+                store
+                    .put(
+                        &ObjectPath::from(format!("{prefix}/{n}")),
+                        PutPayload::from(body),
+                    )
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+
+    /// Object keys below `url`, relative to it.
+    pub(crate) fn list(&self, url: &str) -> Vec<String> {
+        use futures::TryStreamExt;
+        let store = self.store();
+        let prefix = self.key(url);
+        rt().block_on(async {
+            let metas: Vec<_> = store
+                .list(Some(&ObjectPath::from(prefix.clone())))
+                .try_collect()
+                .await
+                .unwrap();
+            metas
+                .into_iter()
+                .map(|m| m.location.as_ref()[prefix.len() + 1..].to_string())
+                .collect()
+        })
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The events job with its input, table and checkpoint under `prefix`.
+fn s3_events_job(prefix: &str, max_files: usize) -> String {
+    format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE events (\n  event_id VARCHAR NOT NULL, user_id BIGINT, event_type VARCHAR, amount DOUBLE, ts TIMESTAMP\n) STORED AS JSON LOCATION '{prefix}input/'\nOPTIONS ('max_files_per_trigger' '{max_files}');\n\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{prefix}table/' PARTITIONED BY (day);\n\n\
+         INSERT INTO out\nSELECT event_id, user_id, event_type, amount, ts, CAST(ts AS DATE) AS day\nFROM events WHERE amount > 0;\n"
+    )
+}
+
+#[test]
+fn s3_backfill_survives_sigkill_with_input_checkpoint_and_table_on_s3() {
+    let s3 = s3();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let prefix = s3.prefix("crash");
+    let expected = {
+        let mut v = write_events(&dir.join("in"), 0, 30, 20);
+        v.sort();
+        v
+    };
+    s3.upload_dir(&dir.join("in"), &format!("{prefix}input/"));
+    std::fs::write(dir.join("job.sql"), s3_events_job(&prefix, 1)).unwrap();
+    let ckpt = format!("{prefix}ckpt/");
+    let args = [
+        "run",
+        "job.sql",
+        "--checkpoint",
+        &ckpt,
+        "--trigger",
+        "available-now",
+    ];
+    let kills = kill_until_done(
+        dir,
+        &args,
+        &s3.env(),
+        6,
+        clock_seed(),
+        Duration::from_secs(300),
+    );
+    assert!(kills >= 2, "only {kills} kills landed");
+
+    // Everything lives on S3: nothing was written locally but the job file.
+    let mut local: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    local.sort();
+    assert_eq!(local, ["in", "job.sql"]);
+    let keys = s3.list(&prefix);
+    assert!(
+        keys.iter().any(|k| k.starts_with("ckpt/commits/")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.starts_with("table/_delta_log/")),
+        "{keys:?}"
+    );
+    // A kill between a store probe's create and delete may leave its object;
+    // nothing else is left behind.
+    let probes = keys
+        .iter()
+        .filter(|k| k.contains("_lakestream_probe"))
+        .count();
+    assert!(
+        probes <= kills,
+        "{probes} probe objects left behind: {keys:?}"
+    );
+
+    let table = format!("{prefix}table/");
+    let rows = read_py(&table);
+    assert_exactly_once(&rows, &expected);
+
+    // Our own reader agrees, through the same environment.
+    let out = bin()
+        .current_dir(dir)
+        .envs(s3.env())
+        .args([
+            "query",
+            "--format",
+            "json",
+            &format!("SELECT count(*) AS n, count(DISTINCT event_id) AS d FROM '{table}'"),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(v["n"], expected.len() as u64, "{v}");
+    assert_eq!(v["d"], expected.len() as u64, "{v}");
+
+    // `status` reads the checkpoint on S3.
+    let out = bin()
+        .current_dir(dir)
+        .envs(s3.env())
+        .args(["status", "--checkpoint", &ckpt])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("last committed batch: 29"),
+        "status names the last batch (29): {}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_store_without_conditional_put_is_refused_before_writing() {
+    let s3 = s3();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let prefix = s3.prefix("no-cas");
+    write_events(&dir.join("in"), 0, 2, 5);
+    s3.upload_dir(&dir.join("in"), &format!("{prefix}input/"));
+    std::fs::write(dir.join("job.sql"), s3_events_job(&prefix, 1)).unwrap();
+    let out = bin()
+        .current_dir(dir)
+        .envs(s3.env())
+        .args([
+            "run",
+            "job.sql",
+            "--checkpoint",
+            &format!("{prefix}ckpt/"),
+            "--trigger",
+            "available-now",
+            "--storage-option",
+            "aws_conditional_put=disabled",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("atomic create-if-absent") && err.contains(&prefix),
+        "{}",
+        text(&out)
+    );
+    let keys = s3.list(&prefix);
+    assert!(
+        keys.iter().all(|k| k.starts_with("input/")),
+        "written despite the refusal: {keys:?}"
+    );
+}
+
+#[test]
+fn secrets_never_reach_output_or_errors() {
+    let s3 = s3();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let prefix = s3.prefix("secrets");
+    write_events(&dir.join("in"), 0, 1, 5);
+    s3.upload_dir(&dir.join("in"), &format!("{prefix}input/"));
+    let secret = "s3cr3t-DO-NOT-PRINT-4711";
+    // A wrong secret in the job's OPTIONS: the store refuses the requests.
+    let job = s3_events_job(&prefix, 1).replace(
+        "OPTIONS ('max_files_per_trigger' '1')",
+        &format!(
+            "OPTIONS ('max_files_per_trigger' '1', 'aws.secret_access_key' '{secret}', \
+             'aws.max_retries' '1', 'aws.retry_timeout' '2')"
+        ),
+    );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let mut env = s3.env();
+    env.push(("LAKESTREAM_LOG", "debug".into()));
+    let out = bin()
+        .current_dir(dir)
+        .envs(env)
+        .args([
+            "run",
+            "job.sql",
+            "--checkpoint",
+            "ckpt",
+            "--trigger",
+            "available-now",
+            "--progress-json",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    let all = text(&out);
+    assert!(!all.contains(secret), "the secret was printed: {all}");
+    assert!(all.contains("input"), "the error names the location: {all}");
+}
