@@ -379,6 +379,51 @@ impl Checkpoint {
     pub async fn offset_ids(&self) -> Result<Vec<u64>> {
         list_ids(&self.location, "offsets").await
     }
+
+    /// Write `sources/<source>/snapshots/<batch_id>`: the source's summary
+    /// of every batch up to and including `batch_id` (written after that
+    /// batch committed). Snapshots older than the previous one are removed.
+    pub async fn write_source_snapshot(
+        &self,
+        source: &str,
+        batch_id: u64,
+        snapshot: serde_json::Value,
+    ) -> Result<()> {
+        let dir = format!("sources/{source}/snapshots");
+        let path = self.location.child(&format!("{dir}/{batch_id}"));
+        let body = serde_json::json!({ "version": FORMAT_VERSION, "state": snapshot });
+        put_json(&self.location, &path, &body, PutMode::Overwrite).await?;
+        let ids = list_ids(&self.location, &dir).await?;
+        // Keep the newest two: a reader that listed just before this write
+        // still finds the one it chose.
+        for old in ids.iter().rev().skip(2) {
+            let _ = self
+                .location
+                .store()
+                .delete(&self.location.child(&format!("{dir}/{old}")))
+                .await;
+        }
+        Ok(())
+    }
+
+    /// The newest snapshot of `source` taken at a batch `<= max_batch`, with
+    /// its batch id.
+    pub async fn latest_source_snapshot(
+        &self,
+        source: &str,
+        max_batch: u64,
+    ) -> Result<Option<(u64, serde_json::Value)>> {
+        let dir = format!("sources/{source}/snapshots");
+        let ids = list_ids(&self.location, &dir).await?;
+        for id in ids.into_iter().rev().filter(|id| *id <= max_batch) {
+            if let Some(v) =
+                read_state_at(&self.location, source, &format!("snapshots/{id}")).await?
+            {
+                return Ok(Some((id, v)));
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// A read-only view of a checkpoint (no fence taken).

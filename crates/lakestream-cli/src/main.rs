@@ -5,6 +5,7 @@
 //! by another process, 130 aborted by a second signal.
 
 mod bench;
+mod progress_bar;
 mod query;
 mod status;
 mod table;
@@ -421,10 +422,16 @@ async fn run(
         job.display()
     );
     let mut events = handle.take_progress_events().expect("first take");
+    let bar = matches!(options.trigger, Trigger::AvailableNow)
+        && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let printer = tokio::spawn(async move {
         use std::io::Write;
+        let mut bar = bar.then(progress_bar::Bar::new);
         while let Some(p) = events.recv().await {
-            eprintln!("{}", p.human_line());
+            match (&mut bar, p.backlog()) {
+                (Some(bar), Some(backlog)) => bar.update(&p, backlog),
+                _ => eprintln!("{}", p.human_line()),
+            }
             if progress_json {
                 let mut out = std::io::stdout().lock();
                 let _ = writeln!(
@@ -434,6 +441,9 @@ async fn run(
                 );
                 let _ = out.flush();
             }
+        }
+        if let Some(bar) = bar {
+            bar.finish();
         }
     });
     let stopper = handle.stop_handle();

@@ -13,7 +13,7 @@ use datafusion::datasource::MemTable;
 use lakestream_plan::{Job, TableDecl};
 use lakestream_sink::delta::{DeltaSink, DeltaSinkOptions, delta_schema};
 use lakestream_source::Source;
-use lakestream_source::files::{FileFormat, FileSource, FileSourceOptions};
+use lakestream_source::files::{FileFormat, FileSource, FileSourceOptions, TextCompression};
 use lakestream_source::generator::{GeneratorOptions, GeneratorSource};
 
 use crate::{Error, FailPoint, QueryBuilder, Result, Trigger};
@@ -40,6 +40,12 @@ const FILE_OPTIONS: &[&str] = &[
     "format.has_header",
     "delimiter",
     "format.delimiter",
+    "path_glob",
+    "modified_after",
+    "modified_before",
+    "compression",
+    "incremental_listing",
+    "read_concurrency",
 ];
 /// Options of a generator table.
 const GENERATOR_OPTIONS: &[&str] = &[
@@ -192,6 +198,46 @@ fn opt_num(job: &Job, t: &TableDecl, key: &str) -> Result<Option<u64>> {
 }
 
 /// `1000`, `64MB`, `1GiB`, `128k` ...
+/// A time option: RFC 3339 (`2026-01-31T12:00:00Z`) or a date (`2026-01-31`,
+/// midnight UTC), as ms since the epoch.
+fn opt_time(job: &Job, t: &TableDecl, key: &str) -> Result<Option<i64>> {
+    let Some(v) = t.options.get(key) else {
+        return Ok(None);
+    };
+    let parsed = chrono::DateTime::parse_from_rfc3339(v)
+        .map(|d| d.timestamp_millis())
+        .ok()
+        .or_else(|| {
+            chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d")
+                .ok()
+                .and_then(|d| d.and_hms_opt(0, 0, 0))
+                .map(|d| d.and_utc().timestamp_millis())
+        });
+    parsed.map(Some).ok_or_else(|| {
+        job.error(
+            t.pos,
+            format!(
+                "option {key} of {}: {v:?} is not a time; use 2026-01-31 or 2026-01-31T12:00:00Z",
+                t.name
+            ),
+        )
+        .into()
+    })
+}
+
+fn opt_bool(job: &Job, t: &TableDecl, key: &str, v: &str) -> Result<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(job
+            .error(
+                t.pos,
+                format!("option {key} of {}: {v:?} is not true or false", t.name),
+            )
+            .into()),
+    }
+}
+
 fn parse_size(v: &str) -> Option<u64> {
     let v = v.trim();
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
@@ -296,10 +342,44 @@ async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result
     if let Some(b) = opt_num(job, t, "batch_size")? {
         fo.batch_size = b as usize;
     }
+    if let Some(n) = opt_num(job, t, "read_concurrency")? {
+        fo.read_concurrency = (n as usize).max(1);
+    }
+    fo.path_glob = t.options.get("path_glob").cloned();
+    fo.modified_after_ms = opt_time(job, t, "modified_after")?;
+    fo.modified_before_ms = opt_time(job, t, "modified_before")?;
+    if let Some(v) = t.options.get("compression") {
+        fo.compression = TextCompression::from_name(v).ok_or_else(|| -> Error {
+            job.error(
+                t.pos,
+                format!(
+                    "compression {v:?} for {}: use auto, none, gzip or zstd",
+                    t.name
+                ),
+            )
+            .into()
+        })?;
+    }
+    if let Some(v) = t.options.get("incremental_listing") {
+        fo.incremental_listing = opt_bool(job, t, "incremental_listing", v)?;
+    }
+    fo.partition_columns = t.partition_cols.clone();
     let store_opts = store_options(t, &options.storage_options);
     let schema = match &t.schema {
         Some(s) => s.clone(),
         None => inferred_schema(job, t, &format, &store_opts, options).await?,
+    };
+    // Partition columns not declared are strings read from the directory names.
+    let schema = if t.partition_cols.iter().all(|p| schema.index_of(p).is_ok()) {
+        schema
+    } else {
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        for p in &t.partition_cols {
+            if schema.index_of(p).is_err() {
+                fields.push(Field::new(p, DataType::Utf8, true));
+            }
+        }
+        Arc::new(Schema::new(fields))
     };
     Ok(Arc::new(FileSource::try_new(
         &t.name,

@@ -21,7 +21,7 @@ mod query;
 use std::time::Duration;
 
 pub use progress::{BatchProgress, Durations, SourceProgress};
-pub use query::{QueryBuilder, QueryHandle, QuerySummary, StopHandle};
+pub use query::{DEFAULT_SNAPSHOT_INTERVAL, QueryBuilder, QueryHandle, QuerySummary, StopHandle};
 
 pub use lakestream_checkpoint as checkpoint;
 pub use lakestream_plan as plan;

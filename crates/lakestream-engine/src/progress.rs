@@ -30,6 +30,9 @@ pub struct SourceProgress {
     pub description: String,
     /// Rows read from this source.
     pub input_rows: u64,
+    /// How far the source is through the input it knows of, when it can
+    /// tell (files: taken and listed, with bytes).
+    pub backlog: Option<lakestream_source::Backlog>,
 }
 
 /// What one batch did. Printed per batch by the CLI (`--progress-json`).
@@ -82,14 +85,50 @@ impl BatchProgress {
                 self.output_files
             )
         };
+        let done: Vec<String> = self
+            .sources
+            .values()
+            .filter_map(|s| s.backlog)
+            .filter(|b| b.total > 0)
+            .map(|b| {
+                format!(
+                    ", {}/{} files ({})",
+                    b.done,
+                    b.total,
+                    percent(b.bytes_done, b.bytes_total)
+                )
+            })
+            .collect();
         format!(
-            "batch {}{}: {what}, table v{} [{}]",
+            "batch {}{}: {what}, table v{} [{}]{}",
             self.batch_id,
             if self.recovered { " (recovered)" } else { "" },
             self.table_version
                 .map(|v| v.to_string())
                 .unwrap_or_else(|| "-".into()),
-            srcs.join("; ")
+            srcs.join("; "),
+            done.concat()
         )
     }
+
+    /// The input known to all sources that report a backlog, summed.
+    pub fn backlog(&self) -> Option<lakestream_source::Backlog> {
+        let mut sum: Option<lakestream_source::Backlog> = None;
+        for b in self.sources.values().filter_map(|s| s.backlog) {
+            let s = sum.get_or_insert_with(Default::default);
+            s.done += b.done;
+            s.total += b.total;
+            s.bytes_done += b.bytes_done;
+            s.bytes_total += b.bytes_total;
+        }
+        sum
+    }
+}
+
+/// `done` of `total` as a percentage of bytes, such as "42% of bytes".
+fn percent(done: u64, total: u64) -> String {
+    if total == 0 {
+        return "0 bytes".into();
+    }
+    format!("{:.0}% of bytes", done as f64 * 100.0 / total as f64)
 }

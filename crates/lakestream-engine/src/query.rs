@@ -28,6 +28,9 @@ enum QuerySpec {
     Plan(LogicalPlan),
 }
 
+/// Default of [`QueryBuilder::snapshot_interval`].
+pub const DEFAULT_SNAPSHOT_INTERVAL: u64 = 100;
+
 /// Builds a streaming query: sources, a query, a sink, a checkpoint, a
 /// trigger.
 ///
@@ -61,6 +64,7 @@ pub struct QueryBuilder {
     checkpoint_options: HashMap<String, String>,
     trigger: Trigger,
     poll: Duration,
+    snapshot_interval: u64,
     fail_point: Option<(FailPoint, u64)>,
     job: Option<lakestream_plan::Job>,
 }
@@ -92,6 +96,7 @@ impl QueryBuilder {
             checkpoint_options: HashMap::new(),
             trigger: Trigger::Continuous,
             poll: Duration::from_millis(200),
+            snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
             fail_point: None,
             job: None,
         }
@@ -168,6 +173,15 @@ impl QueryBuilder {
     /// How often an idle continuous query looks for new data (default 200 ms).
     pub fn poll_interval(mut self, poll: Duration) -> Self {
         self.poll = poll;
+        self
+    }
+
+    /// Store the sources' summaries ([`Source::snapshot`]) in the checkpoint
+    /// every `n` batches (default [`DEFAULT_SNAPSHOT_INTERVAL`]), so a
+    /// restart reads the latest summary and the batches after it rather
+    /// than every batch ever planned.
+    pub fn snapshot_interval(mut self, n: u64) -> Self {
+        self.snapshot_interval = n.max(1);
         self
     }
 
@@ -264,6 +278,7 @@ impl QueryBuilder {
             ckpt,
             trigger: self.trigger,
             poll: self.poll,
+            snapshot_interval: self.snapshot_interval,
             fail_point: self.fail_point,
         })
     }
@@ -378,6 +393,7 @@ struct Driver {
     ckpt: Checkpoint,
     trigger: Trigger,
     poll: Duration,
+    snapshot_interval: u64,
     fail_point: Option<(FailPoint, u64)>,
 }
 
@@ -412,12 +428,32 @@ impl Driver {
         // Recover: sources learn what earlier batches took; a batch planned
         // but not marked done is re-run with exactly its logged range.
         let ids = self.ckpt.offset_ids().await?;
+        let last_id = ids.last().copied();
+        // Each source's newest summary; only the batches after it are read.
+        let mut snapshots: BTreeMap<String, (u64, serde_json::Value)> = BTreeMap::new();
+        if let Some(last_id) = last_id {
+            for t in &self.tables {
+                let name = t.source().name();
+                if let Some(s) = self.ckpt.latest_source_snapshot(name, last_id).await? {
+                    snapshots.insert(name.to_string(), s);
+                }
+            }
+        }
+        let first_needed = if snapshots.len() == self.tables.len() {
+            snapshots.values().map(|(id, _)| id + 1).min().unwrap_or(0)
+        } else {
+            0
+        };
         let mut ends: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
         let mut last: Option<OffsetsEntry> = None;
-        for id in &ids {
+        for id in ids
+            .iter()
+            .filter(|id| **id >= first_needed || Some(**id) == last_id)
+        {
             if let Some(entry) = self.ckpt.offsets(*id).await? {
                 for (name, r) in &entry.sources {
-                    if !r.end.is_null() {
+                    let covered = snapshots.get(name).is_some_and(|(s, _)| *id <= *s);
+                    if !r.end.is_null() && !covered {
                         ends.entry(name.clone()).or_default().push(r.end.clone());
                     }
                 }
@@ -426,6 +462,9 @@ impl Driver {
         }
         for t in &self.tables {
             let name = t.source().name();
+            if let Some((_, snapshot)) = snapshots.get(name) {
+                t.source().restore(snapshot).await?;
+            }
             t.source()
                 .recover(ends.get(name).map(|v| v.as_slice()).unwrap_or(&[]))
                 .await?;
@@ -539,6 +578,9 @@ impl Driver {
             let wa_time = t_wa.elapsed();
             let p = self.run_batch(&entry, plan_time, wa_time, false).await?;
             report(p, &mut summary);
+            if (next_id + 1) % self.snapshot_interval == 0 {
+                self.write_snapshots(next_id).await;
+            }
             for (name, r) in entry.sources {
                 if !r.end.is_null() {
                     prev.insert(name, Some(r.end));
@@ -563,6 +605,24 @@ impl Driver {
             summary.table_version = self.sink.version().await?;
         }
         Ok(summary)
+    }
+
+    /// Store each source's summary as of batch `batch_id` (just committed).
+    /// A failure only costs a longer restart: logged, not fatal.
+    async fn write_snapshots(&self, batch_id: u64) {
+        for t in &self.tables {
+            let source = t.source();
+            let Some(snapshot) = source.snapshot() else {
+                continue;
+            };
+            if let Err(e) = self
+                .ckpt
+                .write_source_snapshot(source.name(), batch_id, snapshot)
+                .await
+            {
+                tracing::warn!(source = source.name(), batch_id, error = %e, "cannot store the source snapshot; restarts read more of the checkpoint until the next one");
+            }
+        }
     }
 
     async fn run_batch(
@@ -605,6 +665,7 @@ impl Driver {
                             None => "no new data".into(),
                         },
                         input_rows: 0,
+                        backlog: t.source().backlog(),
                     },
                 );
             }

@@ -133,7 +133,22 @@ impl DeltaSink {
         self.location.ensure_local_dir()?;
         let mut table = open_table(&self.location).map_err(|e| self.table_err(e))?;
         match table.load().await {
-            Ok(()) | Err(DeltaTableError::NotATable(_)) => Ok(table),
+            Ok(()) => Ok(table),
+            // "Not a table" must mean no log at all: a log that could not be
+            // listed or read (a store error on the way) is an error, never
+            // a reason to create the table afresh.
+            Err(DeltaTableError::NotATable(msg)) => {
+                use futures::StreamExt;
+                let log = self.location.child("_delta_log");
+                match self.location.store().list(Some(&log)).next().await {
+                    None => Ok(table),
+                    Some(Err(e)) => Err(self.table_err(DeltaTableError::ObjectStore { source: e })),
+                    Some(Ok(_)) => Err(self.table_err(DeltaTableError::Generic(format!(
+                        "the table has a _delta_log that could not be loaded ({msg}); retry, \
+                         or check the store"
+                    )))),
+                }
+            }
             Err(e) => Err(self.table_err(e)),
         }
     }
@@ -388,7 +403,13 @@ impl Sink for DeltaSink {
             match created {
                 Ok(t) => t,
                 // Created by someone else meanwhile: check it like any table.
-                Err(_) => self.load().await?,
+                Err(e) => {
+                    let t = self.load().await?;
+                    if t.version().is_none() {
+                        return Err(self.table_err(e));
+                    }
+                    t
+                }
             }
         } else {
             table

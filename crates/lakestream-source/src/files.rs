@@ -8,15 +8,29 @@
 //! restart [`Source::recover`] rebuilds the seen set from those lists, and no
 //! file is read twice or skipped.
 //!
-//! Files are streamed: a file is decoded chunk by chunk as it downloads, and
-//! at most one decoded batch per partition is held at a time. Writers should
-//! put files in place atomically (write elsewhere, then rename or upload in
-//! one request): a half-written file that is listed is read as it is.
+//! Files are streamed: a file is decoded chunk by chunk as it downloads
+//! (gzip and zstd text files are decompressed on the way), Parquet row group
+//! by row group, and a few files per partition are read at once so batches
+//! of many small files on object stores are not bound by request latency.
+//! Writers should put files in place atomically (write elsewhere, then rename
+//! or upload in one request): a half-written file that is listed is read as
+//! it is.
+//!
+//! Listing: `available-now` lists once, at the start, and takes batches from
+//! that list (which is also the progress total). Other triggers list at each
+//! plan, or, with `incremental_listing` for layouts whose new files sort
+//! after the old ones (`date=2026-01-02/...`), list only the paths after the
+//! greatest path taken. Filters: hidden names (`.`/`_`), `path_glob`,
+//! `modified_after` / `modified_before`. Hive-style directories
+//! (`year=2026/month=01/`) fill the declared partition columns.
+//!
+//! The seen-files set is summarized by [`Source::snapshot`], so a restart
+//! reads the latest summary plus the batches after it.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{ArrayRef, RecordBatch, new_null_array};
+use arrow::array::{ArrayRef, RecordBatch, StringArray, new_null_array};
 use arrow::datatypes::{Schema, SchemaRef};
 use async_trait::async_trait;
 use bytes::{Buf, Bytes};
@@ -32,7 +46,7 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::async_reader::ParquetObjectReader;
 use serde::{Deserialize, Serialize};
 
-use crate::{BatchStream, Error, Offset, Result, Source};
+use crate::{Backlog, BatchStream, Error, Offset, Result, Source};
 use lakestream_checkpoint::Location;
 
 /// The encoding of the files.
@@ -78,6 +92,59 @@ pub struct FileSourceOptions {
     pub max_bytes_per_trigger: Option<u64>,
     /// Rows per decoded record batch.
     pub batch_size: usize,
+    /// Columns filled from Hive-style directory names (`year=2026/`), in
+    /// the schema; files need not contain them.
+    pub partition_columns: Vec<String>,
+    /// Only files whose path below the location matches this glob
+    /// (`*` stays within a directory, `**` crosses directories).
+    pub path_glob: Option<String>,
+    /// Only files modified at or after this time (ms since the epoch).
+    pub modified_after_ms: Option<i64>,
+    /// Only files modified before this time (ms since the epoch).
+    pub modified_before_ms: Option<i64>,
+    /// How text files are compressed.
+    pub compression: TextCompression,
+    /// List only paths after the greatest path taken (for layouts where new
+    /// files always sort after old ones).
+    pub incremental_listing: bool,
+    /// Files read at once within one partition of a batch.
+    pub read_concurrency: usize,
+}
+
+/// How JSON and CSV files are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TextCompression {
+    /// By file extension: `.gz` gzip, `.zst` / `.zstd` zstd, else none.
+    #[default]
+    Auto,
+    /// Not compressed.
+    None,
+    /// gzip (also multi-member files).
+    Gzip,
+    /// zstd.
+    Zstd,
+}
+
+impl TextCompression {
+    /// The compression for an option value (`auto`, `none`, `gzip`, `zstd`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "auto" => Some(Self::Auto),
+            "none" | "uncompressed" => Some(Self::None),
+            "gzip" | "gz" => Some(Self::Gzip),
+            "zstd" | "zst" => Some(Self::Zstd),
+            _ => None,
+        }
+    }
+
+    fn for_path(self, path: &str) -> Self {
+        match self {
+            Self::Auto if path.ends_with(".gz") || path.ends_with(".gzip") => Self::Gzip,
+            Self::Auto if path.ends_with(".zst") || path.ends_with(".zstd") => Self::Zstd,
+            Self::Auto => Self::None,
+            other => other,
+        }
+    }
 }
 
 /// Default `max_bytes_per_trigger`: bounds a batch's open output files, and
@@ -86,13 +153,21 @@ pub const DEFAULT_MAX_BYTES_PER_TRIGGER: u64 = 128 << 20;
 
 impl FileSourceOptions {
     /// Options with the default byte cap ([`DEFAULT_MAX_BYTES_PER_TRIGGER`]),
-    /// no file cap and a batch size of 8192 rows.
+    /// no file cap, a batch size of 8192 rows, no filters, compression by
+    /// extension and four files read at once per partition.
     pub fn new(format: FileFormat) -> Self {
         Self {
             format,
             max_files_per_trigger: None,
             max_bytes_per_trigger: Some(DEFAULT_MAX_BYTES_PER_TRIGGER),
             batch_size: 8192,
+            partition_columns: Vec::new(),
+            path_glob: None,
+            modified_after_ms: None,
+            modified_before_ms: None,
+            compression: TextCompression::Auto,
+            incremental_listing: false,
+            read_concurrency: 4,
         }
     }
 }
@@ -120,7 +195,36 @@ pub struct FilesOffset {
 #[derive(Debug, Default)]
 struct SeenState {
     seen: HashSet<String>,
-    frozen: Option<HashSet<String>>,
+    /// Files and bytes taken by all planned batches.
+    done_files: u64,
+    done_bytes: u64,
+    /// `available-now`: the files still to take, in read order.
+    pending: Option<VecDeque<FileEntry>>,
+    /// Files and bytes listed and not taken, as of the latest listing.
+    left_files: u64,
+    left_bytes: u64,
+    /// The greatest path taken (incremental listing).
+    max_path: Option<String>,
+}
+
+impl SeenState {
+    fn take(&mut self, f: &FileEntry) {
+        if self.seen.insert(f.path.clone()) {
+            self.done_files += 1;
+            self.done_bytes += f.size;
+        }
+        if self.max_path.as_deref().is_none_or(|m| f.path.as_str() > m) {
+            self.max_path = Some(f.path.clone());
+        }
+    }
+}
+
+/// The file source's [`Source::snapshot`]: every path taken.
+#[derive(Debug, Serialize, Deserialize)]
+struct SeenSnapshot {
+    files: Vec<String>,
+    bytes: u64,
+    max_path: Option<String>,
 }
 
 /// A source of files under one location. See the module docs.
@@ -129,6 +233,9 @@ pub struct FileSource {
     name: String,
     location: Location,
     schema: SchemaRef,
+    /// The schema decoded from files: `schema` without partition columns.
+    file_schema: SchemaRef,
+    glob: Option<glob::Pattern>,
     options: FileSourceOptions,
     state: Mutex<SeenState>,
 }
@@ -148,13 +255,93 @@ impl FileSource {
                 source_name: name.to_string(),
                 source,
             })?;
+        let invalid = |option: &str, reason: String| Error::InvalidOption {
+            source_name: name.to_string(),
+            option: option.to_string(),
+            reason,
+        };
+        for p in &options.partition_columns {
+            if schema.index_of(p).is_err() {
+                return Err(invalid(
+                    "partition_columns",
+                    format!("partition column {p} is not in the schema"),
+                ));
+            }
+        }
+        let file_schema = Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .filter(|f| !options.partition_columns.contains(f.name()))
+                .cloned()
+                .collect::<Vec<_>>(),
+        ));
+        let glob = options
+            .path_glob
+            .as_deref()
+            .map(glob::Pattern::new)
+            .transpose()
+            .map_err(|e| invalid("path_glob", e.to_string()))?;
         Ok(Self {
             name: name.to_string(),
             location,
             schema,
+            file_schema,
+            glob,
             options,
             state: Mutex::new(SeenState::default()),
         })
+    }
+
+    /// List the files this source may read, in read order, after `after`
+    /// (a path) when given.
+    async fn list(&self, after: Option<&str>) -> Result<Vec<FileEntry>> {
+        let filter = ListFilter {
+            glob: self.glob.as_ref(),
+            after_ms: self.options.modified_after_ms,
+            before_ms: self.options.modified_before_ms,
+        };
+        let mut files = list_files(&self.name, &self.location, &filter, after).await?;
+        if self.options.incremental_listing {
+            // Path order is what the listing offset relies on.
+            files.sort_by(|a, b| a.path.cmp(&b.path));
+        }
+        Ok(files)
+    }
+
+    /// With incremental listing, the greatest path taken: list after it.
+    fn listing_offset(&self) -> Option<String> {
+        if !self.options.incremental_listing {
+            return None;
+        }
+        self.state
+            .lock()
+            .expect("file source state")
+            .max_path
+            .clone()
+    }
+
+    /// Partition values of a file from its `key=value` directories.
+    fn partition_values(&self, path: &str) -> Vec<(String, Option<String>)> {
+        let root = self.location.root().as_ref();
+        let rel = path
+            .strip_prefix(root)
+            .map(|r| r.trim_start_matches('/'))
+            .unwrap_or(path);
+        let mut dirs: Vec<&str> = rel.split('/').collect();
+        dirs.pop();
+        self.options
+            .partition_columns
+            .iter()
+            .map(|col| {
+                let v = dirs.iter().rev().find_map(|d| {
+                    d.split_once('=')
+                        .filter(|(k, _)| k == col)
+                        .map(|(_, v)| v.to_string())
+                });
+                (col.clone(), v.filter(|v| v != "__HIVE_DEFAULT_PARTITION__"))
+            })
+            .collect()
     }
 
     #[allow(deprecated)]
@@ -171,7 +358,7 @@ impl FileSource {
                 source_name: name.to_string(),
                 source,
             })?;
-        let files = list_files(name, &location).await?;
+        let files = list_files(name, &location, &ListFilter::default(), None).await?;
         let Some(first) = files.first() else {
             return Ok(None);
         };
@@ -193,7 +380,12 @@ impl FileSource {
                 builder.schema().as_ref().clone()
             }
             FileFormat::Json => {
-                let bytes = get_all(name, &store, &path).await?;
+                let bytes = decompress_all(
+                    get_all(name, &store, &path).await?,
+                    TextCompression::Auto.for_path(&first.path),
+                )
+                .await
+                .map_err(|e| malformed(e.to_string()))?;
                 let (schema, _) = arrow::json::reader::infer_json_schema(
                     std::io::BufReader::new(bytes.reader()),
                     Some(1000),
@@ -205,7 +397,12 @@ impl FileSource {
                 has_header,
                 delimiter,
             } => {
-                let bytes = get_all(name, &store, &path).await?;
+                let bytes = decompress_all(
+                    get_all(name, &store, &path).await?,
+                    TextCompression::Auto.for_path(&first.path),
+                )
+                .await
+                .map_err(|e| malformed(e.to_string()))?;
                 let (schema, _) = arrow::csv::reader::Format::default()
                     .with_header(*has_header)
                     .with_delimiter(*delimiter)
@@ -227,20 +424,69 @@ impl FileSource {
 
     fn file_stream(&self, entry: FileEntry) -> BatchStream {
         let store = self.location.store().clone();
-        let schema = self.schema.clone();
+        let schema = self.file_schema.clone();
         let name = self.name.clone();
         let format = self.options.format.clone();
         let batch_size = self.options.batch_size;
+        let compression = self.options.compression.for_path(&entry.path);
+        let partitions = self.partition_values(&entry.path);
+        let full = self.schema.clone();
+        let file = entry.path.clone();
         let fut = async move {
             match format {
                 FileFormat::Parquet => parquet_stream(name, store, entry, schema, batch_size).await,
                 FileFormat::Json | FileFormat::Csv { .. } => {
-                    text_stream(name, store, entry, schema, format, batch_size).await
+                    text_stream(name, store, entry, schema, format, batch_size, compression).await
                 }
             }
         };
-        stream::once(fut).try_flatten().boxed()
+        let batches = stream::once(fut).try_flatten();
+        if partitions.is_empty() {
+            return batches.boxed();
+        }
+        let source = self.name.clone();
+        batches
+            .map(move |b| {
+                with_partition_columns(&b?, &full, &partitions).map_err(|reason| Error::Schema {
+                    source_name: source.clone(),
+                    file: file.clone(),
+                    reason,
+                })
+            })
+            .boxed()
     }
+}
+
+/// `batch` (a file's columns) with the partition columns added from the
+/// file's directory names, in `schema`'s column order.
+fn with_partition_columns(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+    values: &[(String, Option<String>)],
+) -> Result<RecordBatch, String> {
+    let n = batch.num_rows();
+    let cols = schema
+        .fields()
+        .iter()
+        .map(|f| match values.iter().find(|(k, _)| k == f.name()) {
+            Some((_, v)) => {
+                let strings: ArrayRef = Arc::new(StringArray::from(vec![v.as_deref(); n]));
+                arrow::compute::cast(&strings, f.data_type()).map_err(|e| {
+                    format!(
+                        "partition directory {}={} is not a {}: {e}",
+                        f.name(),
+                        v.as_deref().unwrap_or("null"),
+                        f.data_type()
+                    )
+                })
+            }
+            None => batch
+                .column_by_name(f.name())
+                .cloned()
+                .ok_or_else(|| format!("column {} missing", f.name())),
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())
 }
 
 #[async_trait]
@@ -260,15 +506,63 @@ impl Source for FileSource {
         }
         let mut state = self.state.lock().expect("file source state");
         for end in parsed {
-            state.seen.extend(end.files.into_iter().map(|f| f.path));
+            for f in &end.files {
+                state.take(f);
+            }
         }
         Ok(())
     }
 
-    async fn freeze(&self) -> Result<()> {
-        let files = list_files(&self.name, &self.location).await?;
+    fn snapshot(&self) -> Option<Offset> {
+        let state = self.state.lock().expect("file source state");
+        let mut files: Vec<String> = state.seen.iter().cloned().collect();
+        files.sort();
+        let snap = SeenSnapshot {
+            files,
+            bytes: state.done_bytes,
+            max_path: state.max_path.clone(),
+        };
+        Some(serde_json::to_value(snap).expect("snapshot serializes"))
+    }
+
+    async fn restore(&self, snapshot: &Offset) -> Result<()> {
+        let snap: SeenSnapshot =
+            serde_json::from_value(snapshot.clone()).map_err(|e| Error::InvalidOffset {
+                source_name: self.name.clone(),
+                offset: "seen-files snapshot".into(),
+                reason: e.to_string(),
+            })?;
         let mut state = self.state.lock().expect("file source state");
-        state.frozen = Some(files.into_iter().map(|f| f.path).collect());
+        state.done_files = snap.files.len() as u64;
+        state.done_bytes = snap.bytes;
+        state.max_path = snap.max_path;
+        state.seen = snap.files.into_iter().collect();
+        Ok(())
+    }
+
+    fn backlog(&self) -> Option<Backlog> {
+        let state = self.state.lock().expect("file source state");
+        let (left_files, left_bytes) = match &state.pending {
+            Some(p) => (p.len() as u64, p.iter().map(|f| f.size).sum()),
+            None => (state.left_files, state.left_bytes),
+        };
+        Some(Backlog {
+            done: state.done_files,
+            total: state.done_files + left_files,
+            bytes_done: state.done_bytes,
+            bytes_total: state.done_bytes + left_bytes,
+        })
+    }
+
+    async fn freeze(&self) -> Result<()> {
+        let after = self.listing_offset();
+        let files = self.list(after.as_deref()).await?;
+        let mut state = self.state.lock().expect("file source state");
+        let pending: VecDeque<FileEntry> = files
+            .into_iter()
+            .filter(|f| !state.seen.contains(&f.path))
+            .collect();
+        state.pending = Some(pending);
         Ok(())
     }
 
@@ -277,19 +571,29 @@ impl Source for FileSource {
             Some(s) => self.parse_offset(s)?.count,
             None => 0,
         };
-        let listed = list_files(&self.name, &self.location).await?;
+        let frozen = self
+            .state
+            .lock()
+            .expect("file source state")
+            .pending
+            .is_some();
+        let listed = if frozen {
+            Vec::new()
+        } else {
+            let after = self.listing_offset();
+            self.list(after.as_deref()).await?
+        };
         let mut state = self.state.lock().expect("file source state");
+        let mut candidates: VecDeque<FileEntry> = match state.pending.take() {
+            Some(p) => p,
+            None => listed
+                .into_iter()
+                .filter(|f| !state.seen.contains(&f.path))
+                .collect(),
+        };
         let mut taken = Vec::new();
         let mut bytes = 0u64;
-        for f in listed {
-            if state.seen.contains(&f.path) {
-                continue;
-            }
-            if let Some(frozen) = &state.frozen
-                && !frozen.contains(&f.path)
-            {
-                continue;
-            }
+        while let Some(f) = candidates.front() {
             if let Some(max) = self.options.max_files_per_trigger
                 && taken.len() >= max
             {
@@ -302,12 +606,20 @@ impl Source for FileSource {
                 break;
             }
             bytes += f.size;
-            taken.push(f);
+            taken.push(candidates.pop_front().expect("front exists"));
+        }
+        if frozen {
+            state.pending = Some(candidates);
+        } else {
+            state.left_files = candidates.len() as u64;
+            state.left_bytes = candidates.iter().map(|f| f.size).sum();
         }
         if taken.is_empty() {
             return Ok(None);
         }
-        state.seen.extend(taken.iter().map(|f| f.path.clone()));
+        for f in &taken {
+            state.take(f);
+        }
         let end = FilesOffset {
             count: count + taken.len() as u64,
             files: taken,
@@ -339,7 +651,11 @@ impl Source for FileSource {
             .map(|files| {
                 let streams: Vec<BatchStream> =
                     files.into_iter().map(|f| self.file_stream(f)).collect();
-                stream::iter(streams).flatten().boxed()
+                // A few files at once: small files on object stores are
+                // bound by request latency, not bandwidth.
+                stream::iter(streams)
+                    .flatten_unordered(self.options.read_concurrency.max(1))
+                    .boxed()
             })
             .collect())
     }
@@ -356,16 +672,30 @@ impl Source for FileSource {
     }
 }
 
+/// Which listed files a source reads.
+#[derive(Debug, Default)]
+struct ListFilter<'a> {
+    glob: Option<&'a glob::Pattern>,
+    after_ms: Option<i64>,
+    before_ms: Option<i64>,
+}
+
 /// List the readable files under `location` in read order: (modification
 /// time, path). Names starting with `.` or `_` (hidden, temporary, Delta or
-/// Spark metadata) are skipped.
-async fn list_files(name: &str, location: &Location) -> Result<Vec<FileEntry>> {
-    let metas: Vec<ObjectMeta> = match location
-        .store()
-        .list(Some(location.root()))
-        .try_collect()
-        .await
-    {
+/// Spark metadata) are skipped, and so are files `filter` rejects. With
+/// `after`, only paths that sort after it are listed (`list_with_offset`).
+async fn list_files(
+    name: &str,
+    location: &Location,
+    filter: &ListFilter<'_>,
+    after: Option<&str>,
+) -> Result<Vec<FileEntry>> {
+    let store = location.store();
+    let listing = match after {
+        Some(a) => store.list_with_offset(Some(location.root()), &Path::from(a)),
+        None => store.list(Some(location.root())),
+    };
+    let metas: Vec<ObjectMeta> = match listing.try_collect().await {
         Ok(m) => m,
         Err(object_store::Error::NotFound { .. }) => Vec::new(),
         Err(e) => {
@@ -377,13 +707,34 @@ async fn list_files(name: &str, location: &Location) -> Result<Vec<FileEntry>> {
         }
     };
     let root_depth = location.root().parts().count();
+    let glob_opts = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: false,
+    };
     let mut files: Vec<FileEntry> = metas
         .into_iter()
         .filter(|m| {
-            !m.location.parts().skip(root_depth).any(|p| {
+            let rel: Vec<_> = m.location.parts().skip(root_depth).collect();
+            if rel.iter().any(|p| {
                 let p = p.as_ref();
                 p.starts_with('.') || p.starts_with('_')
-            })
+            }) {
+                return false;
+            }
+            let mtime = m.last_modified.timestamp_millis();
+            if filter.after_ms.is_some_and(|a| mtime < a)
+                || filter.before_ms.is_some_and(|b| mtime >= b)
+            {
+                return false;
+            }
+            match filter.glob {
+                Some(g) => {
+                    let rel = rel.iter().map(|p| p.as_ref()).collect::<Vec<_>>().join("/");
+                    g.matches_with(&rel, glob_opts)
+                }
+                None => true,
+            }
         })
         .map(|m| FileEntry {
             path: m.location.to_string(),
@@ -466,6 +817,7 @@ struct TextState {
     entry: FileEntry,
     schema: SchemaRef,
     format: FileFormat,
+    compression: TextCompression,
     decoder: TextDecoder,
     chunks: BoxStream<'static, object_store::Result<Bytes>>,
     buf: Bytes,
@@ -481,6 +833,7 @@ async fn text_stream(
     schema: SchemaRef,
     format: FileFormat,
     batch_size: usize,
+    compression: TextCompression,
 ) -> Result<BatchStream> {
     let path = Path::from(entry.path.clone());
     // The size is re-read rather than taken from the plan: a file rewritten
@@ -488,7 +841,7 @@ async fn text_stream(
     let Some(meta) = present(&name, &entry, store.head(&path).await)? else {
         return Ok(vanished(&name, &entry));
     };
-    let chunks = ranged_chunks(store.clone(), path, meta.size);
+    let chunks = decompressed(ranged_chunks(store.clone(), path, meta.size), compression);
     let decoder =
         TextDecoder::new(&format, schema.clone(), batch_size).map_err(|reason| Error::Schema {
             source_name: name.clone(),
@@ -501,6 +854,7 @@ async fn text_stream(
         entry,
         schema,
         format,
+        compression,
         decoder,
         chunks,
         buf: Bytes::new(),
@@ -579,6 +933,61 @@ fn ranged_chunks(
         .boxed()
 }
 
+/// The decompressed bytes of a compressed chunk stream, in chunks of up to
+/// 1 MiB; other streams pass through.
+fn decompressed(
+    chunks: BoxStream<'static, object_store::Result<Bytes>>,
+    compression: TextCompression,
+) -> BoxStream<'static, object_store::Result<Bytes>> {
+    use async_compression::tokio::bufread::{GzipDecoder, ZstdDecoder};
+    use tokio_util::io::{ReaderStream, StreamReader};
+    let err = |store: &'static str| {
+        move |e: std::io::Error| object_store::Error::Generic {
+            store,
+            source: Box::new(e),
+        }
+    };
+    match compression {
+        TextCompression::Gzip => {
+            let mut d = GzipDecoder::new(StreamReader::new(chunks.map_err(std::io::Error::other)));
+            d.multiple_members(true);
+            ReaderStream::with_capacity(d, 1 << 20)
+                .map_err(err("gzip decoder"))
+                .boxed()
+        }
+        TextCompression::Zstd => {
+            let mut d = ZstdDecoder::new(StreamReader::new(chunks.map_err(std::io::Error::other)));
+            d.multiple_members(true);
+            ReaderStream::with_capacity(d, 1 << 20)
+                .map_err(err("zstd decoder"))
+                .boxed()
+        }
+        TextCompression::Auto | TextCompression::None => chunks,
+    }
+}
+
+/// A whole (small) file decompressed in memory: schema inference and the
+/// error path only.
+async fn decompress_all(bytes: Bytes, compression: TextCompression) -> std::io::Result<Bytes> {
+    use async_compression::tokio::bufread::{GzipDecoder, ZstdDecoder};
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    match compression {
+        TextCompression::Gzip => {
+            let mut d = GzipDecoder::new(&bytes[..]);
+            d.multiple_members(true);
+            d.read_to_end(&mut out).await?;
+        }
+        TextCompression::Zstd => {
+            let mut d = ZstdDecoder::new(&bytes[..]);
+            d.multiple_members(true);
+            d.read_to_end(&mut out).await?;
+        }
+        TextCompression::Auto | TextCompression::None => return Ok(bytes),
+    }
+    Ok(Bytes::from(out))
+}
+
 /// `Ok(None)` when the store says the file does not exist.
 fn present<T>(name: &str, entry: &FileEntry, r: object_store::Result<T>) -> Result<Option<T>> {
     match r {
@@ -612,6 +1021,7 @@ struct ErrCtx {
     path: String,
     schema: SchemaRef,
     format: FileFormat,
+    compression: TextCompression,
 }
 
 impl ErrCtx {
@@ -622,6 +1032,7 @@ impl ErrCtx {
             path: st.entry.path.clone(),
             schema: st.schema.clone(),
             format: st.format.clone(),
+            compression: st.compression,
         }
     }
 }
@@ -631,6 +1042,7 @@ async fn locate_text_error(st: ErrCtx, err: arrow::error::ArrowError) -> Error {
     let mut reason = err.to_string();
     if st.format == FileFormat::Json
         && let Ok(bytes) = get_all(&st.name, &st.store, &Path::from(st.path.clone())).await
+        && let Ok(bytes) = decompress_all(bytes, st.compression).await
     {
         for (i, text) in bytes.split(|b| *b == b'\n').enumerate() {
             if text.iter().all(|b| b.is_ascii_whitespace()) {

@@ -160,6 +160,19 @@ impl Error {
     }
 }
 
+/// How far a source is through the input it knows of (for progress bars).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Backlog {
+    /// Units (files) taken by planned batches.
+    pub done: u64,
+    /// Units known: taken plus listed and not yet taken.
+    pub total: u64,
+    /// Bytes taken by planned batches.
+    pub bytes_done: u64,
+    /// Bytes known.
+    pub bytes_total: u64,
+}
+
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -196,10 +209,33 @@ pub trait Source: Send + Sync + Debug {
     }
 
     /// Restore what the source needs to know about batches already planned
-    /// (`ends` holds each planned batch's end offset, in batch order). Called
-    /// once before the first [`Source::plan`]. An error means the checkpoint
-    /// does not belong to this source.
+    /// (`ends` holds each planned batch's end offset, in batch order, after
+    /// the snapshot given to [`Source::restore`], if any). Called once before
+    /// the first [`Source::plan`]. An error means the checkpoint does not
+    /// belong to this source.
     async fn recover(&self, ends: &[Offset]) -> Result<()>;
+
+    /// A compact summary of every batch planned so far, which the engine
+    /// stores in the checkpoint now and then, so a restart reads the
+    /// summary and the batches after it instead of every batch ever run.
+    /// The default, `Value::Null`, suits sources whose last end says it all
+    /// (Kafka offsets, generator rows); the file source summarizes the
+    /// files it has taken. `None`: no summary now.
+    fn snapshot(&self) -> Option<Offset> {
+        Some(Offset::Null)
+    }
+
+    /// Start from a summary [`Source::snapshot`] returned; [`Source::recover`]
+    /// follows with the ends of the batches planned after it.
+    async fn restore(&self, _snapshot: &Offset) -> Result<()> {
+        Ok(())
+    }
+
+    /// How much of the known input is done, for progress display: `None`
+    /// when the source cannot tell (the default).
+    fn backlog(&self) -> Option<Backlog> {
+        None
+    }
 
     /// Fix the data that `available-now` processes: after this, [`Source::plan`]
     /// never goes past what is available at this moment.

@@ -42,8 +42,9 @@
 //! - [`job`]: running a SQL job file.
 
 pub use lakestream_engine::{
-    BatchProgress, Durations, Error, FailPoint, QueryBuilder, QueryHandle, QuerySummary, Result,
-    SourceProgress, StopHandle, Trigger, checkpoint, job, parse_duration, plan, sink, source,
+    BatchProgress, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error, FailPoint, QueryBuilder,
+    QueryHandle, QuerySummary, Result, SourceProgress, StopHandle, Trigger, checkpoint, job,
+    parse_duration, plan, sink, source,
 };
 
 /// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own
