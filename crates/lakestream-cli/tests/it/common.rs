@@ -263,3 +263,28 @@ pub(crate) fn wait_caught_up(dir: &Path, files: u64, deadline: std::time::Instan
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// `lakestream run JOB --checkpoint CKPT --trigger available-now` in `dir`
+/// with `envs` (plus `extra` arguments), to completion.
+pub(crate) fn run_available_now(
+    dir: &Path,
+    job: &str,
+    ckpt: &str,
+    envs: &[(&str, String)],
+    extra: &[&str],
+) -> Output {
+    bin()
+        .current_dir(dir)
+        .envs(envs.iter().map(|(k, v)| (k, v)))
+        .args([
+            "run",
+            job,
+            "--checkpoint",
+            ckpt,
+            "--trigger",
+            "available-now",
+        ])
+        .args(extra)
+        .output()
+        .expect("run lakestream")
+}

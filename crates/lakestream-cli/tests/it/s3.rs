@@ -103,6 +103,27 @@ impl S3 {
         });
     }
 
+    /// Upload `files` (name, body) below `url`, 32 at a time.
+    pub(crate) fn upload_many(&self, url: &str, files: Vec<(String, String)>) {
+        use futures::StreamExt;
+        let store = self.store();
+        let prefix = self.key(url);
+        rt().block_on(async {
+            futures::stream::iter(files)
+                .map(|(name, body)| {
+                    let store = store.clone();
+                    let path = ObjectPath::from(format!("{prefix}/{name}"));
+                    async move { store.put(&path, PutPayload::from(body)).await }
+                })
+                .buffer_unordered(32)
+                .for_each(|r| {
+                    r.unwrap();
+                    futures::future::ready(())
+                })
+                .await;
+        });
+    }
+
     /// Object keys below `url`, relative to it.
     pub(crate) fn list(&self, url: &str) -> Vec<String> {
         use futures::TryStreamExt;
@@ -243,21 +264,13 @@ fn a_store_without_conditional_put_is_refused_before_writing() {
     write_events(&dir.join("in"), 0, 2, 5);
     s3.upload_dir(&dir.join("in"), &format!("{prefix}input/"));
     std::fs::write(dir.join("job.sql"), s3_events_job(&prefix, 1)).unwrap();
-    let out = bin()
-        .current_dir(dir)
-        .envs(s3.env())
-        .args([
-            "run",
-            "job.sql",
-            "--checkpoint",
-            &format!("{prefix}ckpt/"),
-            "--trigger",
-            "available-now",
-            "--storage-option",
-            "aws_conditional_put=disabled",
-        ])
-        .output()
-        .unwrap();
+    let out = run_available_now(
+        dir,
+        "job.sql",
+        &format!("{prefix}ckpt/"),
+        &s3.env(),
+        &["--storage-option", "aws_conditional_put=disabled"],
+    );
     assert!(!out.status.success(), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -292,22 +305,53 @@ fn secrets_never_reach_output_or_errors() {
     std::fs::write(dir.join("job.sql"), job).unwrap();
     let mut env = s3.env();
     env.push(("LAKESTREAM_LOG", "debug".into()));
-    let out = bin()
-        .current_dir(dir)
-        .envs(env)
-        .args([
-            "run",
-            "job.sql",
-            "--checkpoint",
-            "ckpt",
-            "--trigger",
-            "available-now",
-            "--progress-json",
-        ])
-        .output()
-        .unwrap();
+    let out = run_available_now(dir, "job.sql", "ckpt", &env, &["--progress-json"]);
     assert!(!out.status.success(), "{}", text(&out));
     let all = text(&out);
     assert!(!all.contains(secret), "the secret was printed: {all}");
     assert!(all.contains("input"), "the error names the location: {all}");
+}
+
+#[test]
+fn a_backfill_of_thousands_of_small_files_on_s3() {
+    let s3 = s3();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let prefix = s3.prefix("many");
+    const FILES: usize = 2000;
+    let mut expected = Vec::new();
+    let files: Vec<(String, String)> = (0..FILES)
+        .map(|f| {
+            let mut body = String::new();
+            for r in 0..3 {
+                let id = format!("ev-{f:05}-{r}");
+                body.push_str(&format!(
+                    "{{\"event_id\":\"{id}\",\"user_id\":1,\"event_type\":\"view\",\"amount\":1.5,\"ts\":\"2026-01-0{}T00:00:00Z\"}}\n",
+                    1 + f % 3
+                ));
+                expected.push(id);
+            }
+            // Hive-style days, as a backfill prefix usually is.
+            (format!("date=2026-01-0{}/part-{f:05}.json", 1 + f % 3), body)
+        })
+        .collect();
+    expected.sort();
+    let t = std::time::Instant::now();
+    s3.upload_many(&format!("{prefix}input/"), files);
+    eprintln!("uploaded {FILES} files in {:?}", t.elapsed());
+    std::fs::write(dir.join("job.sql"), s3_events_job(&prefix, 500)).unwrap();
+    let ckpt = format!("{prefix}ckpt/");
+    let t = std::time::Instant::now();
+    let out = run_available_now(dir, "job.sql", &ckpt, &s3.env(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("backfilled {FILES} files from S3 in {:?}", t.elapsed());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("500/2000 files"), "{}", text(&out));
+    assert!(
+        err.contains("2000/2000 files (100% of bytes)"),
+        "{}",
+        text(&out)
+    );
+    assert!(err.contains("done: 4 batches"), "{}", text(&out));
+    assert_exactly_once(&read_py(&format!("{prefix}table/")), &expected);
 }

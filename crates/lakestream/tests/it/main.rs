@@ -5,4 +5,5 @@ mod api;
 mod common;
 mod kafka_faults;
 mod sink;
+mod snapshots;
 mod store_faults;
