@@ -70,11 +70,28 @@ const KAFKA_OPTIONS: &[&str] = &[
     "batch_size",
 ];
 /// Options of the Delta output table.
-const DELTA_SINK_OPTIONS: &[&str] = &["target_file_size", "compression"];
+const DELTA_SINK_OPTIONS: &[&str] = &["target_file_size", "compression", "auto_compact_every"];
 
 /// Parse the job in `text` (named `file` in errors) and build its query.
 pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<QueryBuilder> {
     let job = lakestream_plan::parse_job(file, text).await?;
+    // `SET aws.endpoint = '...'` (and google.*, azure.*) are storage options
+    // of every location in the job; options given to the run win.
+    let mut storage = HashMap::new();
+    let mut settings = Vec::new();
+    for stmt in &job.settings {
+        match storage_setting(&stmt.to_string()) {
+            Some((k, v)) => {
+                storage.insert(k, v);
+            }
+            None => settings.push(stmt),
+        }
+    }
+    storage.extend(options.storage_options.clone());
+    let options = &JobOptions {
+        storage_options: storage,
+        ..options.clone()
+    };
     let mut builder = QueryBuilder::new()
         .checkpoint(options.checkpoint.clone())
         .checkpoint_options(options.storage_options.clone())
@@ -82,7 +99,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
     if let Some((p, n)) = options.fail_point {
         builder = builder.fail_point(p, n);
     }
-    for stmt in &job.settings {
+    for stmt in settings {
         let ctx = builder.context();
         let plan = ctx
             .state()
@@ -198,6 +215,23 @@ fn opt_num(job: &Job, t: &TableDecl, key: &str) -> Result<Option<u64>> {
 }
 
 /// `1000`, `64MB`, `1GiB`, `128k` ...
+/// `SET aws.region = 'eu-west-1'` as `("aws.region", "eu-west-1")` when the
+/// key names a storage option (`aws.`, `google.`, `azure.`).
+fn storage_setting(stmt: &str) -> Option<(String, String)> {
+    let re = regex::Regex::new(
+        r"(?is)^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?((?:aws|google|azure)\.[A-Za-z0-9_.]+)\s*(?:=|\bTO\b)\s*(.+?)\s*;?\s*$",
+    )
+    .expect("valid regex");
+    let c = re.captures(stmt)?;
+    let v = c[2].trim();
+    let v = v
+        .strip_prefix('\'')
+        .and_then(|v| v.strip_suffix('\''))
+        .or_else(|| v.strip_prefix('"').and_then(|v| v.strip_suffix('"')))
+        .unwrap_or(v);
+    Some((c[1].to_ascii_lowercase(), v.replace("''", "'")))
+}
+
 /// A time option: RFC 3339 (`2026-01-31T12:00:00Z`) or a date (`2026-01-31`,
 /// midnight UTC), as ms since the epoch.
 fn opt_time(job: &Job, t: &TableDecl, key: &str) -> Result<Option<i64>> {
@@ -643,6 +677,7 @@ fn delta_sink(
         storage_options: store_options(t, storage),
         ..Default::default()
     };
+    o.auto_compact_every = opt_num(job, t, "auto_compact_every")?.filter(|n| *n > 0);
     if let Some(n) = opt_num(job, t, "target_file_size")? {
         o.target_file_size = n;
     }
@@ -724,6 +759,22 @@ async fn register_static(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn storage_settings_are_taken_from_set_statements() {
+        assert_eq!(
+            storage_setting("SET aws.endpoint = 'http://127.0.0.1:9000'"),
+            Some(("aws.endpoint".into(), "http://127.0.0.1:9000".into()))
+        );
+        assert_eq!(
+            storage_setting("SET AWS.Region TO 'eu-west-1'"),
+            Some(("aws.region".into(), "eu-west-1".into()))
+        );
+        assert_eq!(
+            storage_setting("SET datafusion.execution.batch_size = 1024"),
+            None
+        );
+    }
 
     #[test]
     fn sizes_parse_with_units() {

@@ -54,6 +54,9 @@ pub struct DeltaSinkOptions {
     pub compression: Compression,
     /// Storage options passed to delta-rs and object_store.
     pub storage_options: HashMap<String, String>,
+    /// Compact the table's small files (to `target_file_size`) after every
+    /// this many batches (`None`, the default: never).
+    pub auto_compact_every: Option<u64>,
 }
 
 impl Default for DeltaSinkOptions {
@@ -63,6 +66,7 @@ impl Default for DeltaSinkOptions {
             target_file_size: DEFAULT_TARGET_FILE_SIZE,
             compression: Compression::SNAPPY,
             storage_options: HashMap::new(),
+            auto_compact_every: None,
         }
     }
 }
@@ -166,6 +170,30 @@ impl DeltaSink {
             table.load().await.map_err(|e| self.table_err(e))?;
         }
         Ok(f(table))
+    }
+
+    /// Bin-pack the table's small files (auto-compaction after `batch_id`).
+    /// The compaction commit only rearranges data (`dataChange: false`); a
+    /// failure is logged and the stream goes on: compaction is an
+    /// optimization, never part of the batch.
+    async fn compact(&self, table: &mut DeltaTable, batch_id: u64) {
+        let target = std::num::NonZeroU64::new(self.options.target_file_size)
+            .unwrap_or(std::num::NonZeroU64::MIN);
+        match table.clone().optimize().with_target_size(target).await {
+            Ok((compacted, m)) => {
+                tracing::info!(
+                    table = %self.name,
+                    batch_id,
+                    files_removed = m.num_files_removed,
+                    files_added = m.num_files_added,
+                    "auto-compaction"
+                );
+                *table = compacted;
+            }
+            Err(e) => {
+                tracing::warn!(table = %self.name, batch_id, error = %e, "auto-compaction failed; the next one retries");
+            }
+        }
     }
 
     /// The txn version recorded for `query_id` in `table`'s current state.
@@ -564,6 +592,11 @@ impl Sink for DeltaSink {
                 }
                 self.remember_txn(&info.query_id, version, Some(batch))
                     .await;
+                if let Some(n) = self.options.auto_compact_every
+                    && (info.batch_id + 1) % n == 0
+                {
+                    self.compact(table, info.batch_id).await;
+                }
                 Ok(CommitOutcome::Committed { version })
             }
             Err(err) => {

@@ -138,3 +138,34 @@ fn compaction_while_a_stream_writes_keeps_every_row_once() {
     );
     assert_exactly_once(&read_py(&table), &expected);
 }
+
+#[test]
+fn auto_compaction_runs_every_n_batches_inside_the_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    let mut expected = write_events(&input, 0, 10, 10);
+    expected.sort();
+    let job = events_job(&input, &dir.join("out"), 1).replace(
+        "PARTITIONED BY (day);",
+        "PARTITIONED BY (day)\nOPTIONS ('auto_compact_every' '5');",
+    );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let history = table_cmd(dir, &["history", "out", "--limit", "100"]);
+    let ops: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["operation"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ops.iter().filter(|o| **o == "OPTIMIZE").count(),
+        2,
+        "after batches 4 and 9: {ops:?}"
+    );
+    // Each of the three days ends up in one file.
+    assert_eq!(meta_py(&dir.join("out"))["files"], 3);
+    assert_exactly_once(&read_py(&dir.join("out")), &expected);
+}
