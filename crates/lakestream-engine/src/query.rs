@@ -578,7 +578,7 @@ impl Driver {
             let wa_time = t_wa.elapsed();
             let p = self.run_batch(&entry, plan_time, wa_time, false).await?;
             report(p, &mut summary);
-            if (next_id + 1) % self.snapshot_interval == 0 {
+            if (next_id + 1).is_multiple_of(self.snapshot_interval) {
                 self.write_snapshots(next_id).await;
             }
             for (name, r) in entry.sources {

@@ -593,7 +593,7 @@ impl Sink for DeltaSink {
                 self.remember_txn(&info.query_id, version, Some(batch))
                     .await;
                 if let Some(n) = self.options.auto_compact_every
-                    && (info.batch_id + 1) % n == 0
+                    && (info.batch_id + 1).is_multiple_of(n)
                 {
                     self.compact(table, info.batch_id).await;
                 }
