@@ -394,3 +394,27 @@ fn kafka_transaction_markers_are_stepped_over() {
         "the planned end ({end}) lies past a marker (last record {last})"
     );
 }
+
+#[test]
+fn the_kafka_example_runs_as_documented() {
+    let broker = Broker::start();
+    broker.create_topic("orders", 2);
+    let records = orders(0, 300);
+    broker.produce("orders", 2, &records);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The example as shipped, pointed at this test's broker.
+    let job = std::fs::read_to_string(root().join("examples/kafka_to_delta.sql"))
+        .unwrap()
+        .replace("127.0.0.1:9092", &broker.bootstrap());
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let o = run_job(dir, "target/orders/_checkpoint");
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_py(&dir.join("target/orders/orders"));
+    let want: Vec<String> = expected_ids(&records)
+        .into_iter()
+        .filter(|id| id[2..].parse::<usize>().unwrap() % 7 != 0)
+        .collect();
+    assert_eq!(order_ids(&rows), want);
+    assert!(rows.iter().all(|r| r["kafka_offset"].is_u64()), "{rows:?}");
+}
