@@ -16,8 +16,10 @@ export LAKESTREAM_PYTHON="$PWD/.venv/bin/python"
 # .venv/bin/weed) on loopback ports, for the object-storage tests. It lives
 # as long as this script.
 S3_DATA="$(mktemp -d)"
-S3_PORT="$(.venv/bin/python tests/py/free_port_block.py)"
 S3_LOG="$S3_DATA.log"
+S3_PID=""
+trap '[ -n "$S3_PID" ] && { kill "$S3_PID" 2>/dev/null; wait "$S3_PID" 2>/dev/null; }; rm -rf "$S3_DATA" "$S3_LOG"' EXIT
+S3_PORT="$(.venv/bin/python tests/py/free_port_block.py)"
 AWS_ACCESS_KEY_ID=lakestream AWS_SECRET_ACCESS_KEY=lakestream-secret \
   .venv/bin/weed mini -dir="$S3_DATA" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
   -master.telemetry=false -webdav=false -admin.ui=false \
@@ -26,8 +28,7 @@ AWS_ACCESS_KEY_ID=lakestream AWS_SECRET_ACCESS_KEY=lakestream-secret \
   -volume.port=$((S3_PORT + 3)) -admin.port=$((S3_PORT + 4)) \
   -bucket=lakestream >"$S3_LOG" 2>&1 &
 S3_PID=$!
-trap 'kill "$S3_PID" 2>/dev/null || true; wait "$S3_PID" 2>/dev/null || true; rm -rf "$S3_DATA" "$S3_LOG"' EXIT
-if ! .venv/bin/python tests/py/wait_s3.py "http://127.0.0.1:$S3_PORT" lakestream; then
+if ! .venv/bin/python tests/py/wait_s3.py "$S3_PORT" lakestream; then
   echo "the S3 server did not start; its log:" >&2
   cat "$S3_LOG" >&2
   exit 1

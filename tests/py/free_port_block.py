@@ -1,5 +1,7 @@
 """Print a port P such that P..P+4 and P+10000..P+10004 are free on 127.0.0.1
-(SeaweedFS serves HTTP on the first five and gRPC on the second five)."""
+(SeaweedFS serves HTTP on the first five and gRPC on the second five). P is
+below 22700 so P+10000 stays under Linux's ephemeral range (32768+), where
+outgoing connections could take a port between this check and the bind."""
 import random
 import socket
 import sys
@@ -15,7 +17,7 @@ def free(port: int) -> bool:
 
 
 for _ in range(200):
-    base = random.randrange(20000, 30000, 10)
+    base = random.randrange(20000, 22700, 10)
     ports = [base + i for i in range(5)] + [base + 10000 + i for i in range(5)]
     if all(free(p) for p in ports):
         print(base)

@@ -51,7 +51,7 @@ use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use location::{Location, register_object_store};
+pub use location::{Location, normalize_option_key, register_object_store};
 
 /// The checkpoint file format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;

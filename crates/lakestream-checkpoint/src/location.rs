@@ -233,12 +233,17 @@ fn registered_store(url: &Url) -> Option<Arc<dyn ObjectStore>> {
         .map(|(_, s)| s.clone())
 }
 
-/// Storage option keys as object_store spells them: `aws.endpoint` and
-/// `AWS_ENDPOINT` both become `aws_endpoint`.
+/// A storage option key as object_store spells it: `aws.endpoint` and
+/// `AWS_ENDPOINT` both become `aws_endpoint`. Normalize keys before merging
+/// option maps, so one key cannot be present in two spellings.
+pub fn normalize_option_key(key: &str) -> String {
+    key.to_ascii_lowercase().replace('.', "_")
+}
+
 fn normalized(options: &HashMap<String, String>) -> Vec<(String, String)> {
     options
         .iter()
-        .map(|(k, v)| (k.to_ascii_lowercase().replace('.', "_"), v.clone()))
+        .map(|(k, v)| (normalize_option_key(k), v.clone()))
         .collect()
 }
 
@@ -268,7 +273,8 @@ fn retry_config(options: &[(String, String)]) -> std::result::Result<RetryConfig
                     .trim_end_matches('s')
                     .parse()
                     .map_err(|_| format!("retry_timeout {v:?} is not a number of seconds"))?;
-                retry.retry_timeout = Duration::from_secs_f64(secs.max(0.0));
+                retry.retry_timeout = Duration::try_from_secs_f64(secs.max(0.0))
+                    .map_err(|_| format!("retry_timeout {v:?} is out of range"))?;
             }
             _ => {}
         }
@@ -285,9 +291,9 @@ fn cloud_store(
     let options = normalized(options);
     let retry = retry_config(&options)?;
     let bucket_url = store_key(url);
-    let store: Arc<dyn ObjectStore> = match url.scheme() {
+    let inner: Arc<dyn ObjectStore> = match url.scheme() {
         "s3" | "s3a" => {
-            let mut b = AmazonS3Builder::from_env().with_url(bucket_url);
+            let mut b = AmazonS3Builder::from_env().with_url(bucket_url.clone());
             for (k, v) in &options {
                 if let Ok(key) = k.parse() {
                     b = b.with_config(key, v);
@@ -296,7 +302,7 @@ fn cloud_store(
             Arc::new(b.with_retry(retry).build().map_err(|e| e.to_string())?)
         }
         "gs" => {
-            let mut b = GoogleCloudStorageBuilder::from_env().with_url(bucket_url);
+            let mut b = GoogleCloudStorageBuilder::from_env().with_url(bucket_url.clone());
             for (k, v) in &options {
                 if let Ok(key) = k.parse() {
                     b = b.with_config(key, v);
@@ -319,7 +325,113 @@ fn cloud_store(
             ));
         }
     };
-    Ok(store)
+    Ok(Arc::new(Redacted {
+        name: bucket_url,
+        inner,
+    }))
+}
+
+/// A cloud store whose `Debug` and `Display` name only the bucket: the
+/// stores' own `Debug` prints their configuration, credentials included
+/// (Azure account keys, for one), and libraries log stores at debug level.
+struct Redacted {
+    name: String,
+    inner: Arc<dyn ObjectStore>,
+}
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ObjectStore({})", self.name)
+    }
+}
+
+impl std::fmt::Display for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ObjectStore({})", self.name)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Redacted {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[std::ops::Range<u64>],
+    ) -> object_store::Result<Vec<bytes::Bytes>> {
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: object_store::RenameOptions,
+    ) -> object_store::Result<()> {
+        self.inner.rename_opts(from, to, options).await
+    }
 }
 
 /// Parse a location string into a URL: URLs with a scheme are kept, anything

@@ -261,12 +261,19 @@ async fn table_command(action: TableAction) -> anyhow::Result<()> {
     }
 }
 
+/// `KEY=VALUE` storage options; keys normalized (`aws.region` is
+/// `aws_region`), a later one wins.
 fn parse_kv(items: &[String]) -> anyhow::Result<HashMap<String, String>> {
     items
         .iter()
         .map(|s| {
             s.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .map(|(k, v)| {
+                    (
+                        lakestream::checkpoint::normalize_option_key(k),
+                        v.to_string(),
+                    )
+                })
                 .with_context(|| format!("storage option {s:?} is not KEY=VALUE"))
         })
         .collect()

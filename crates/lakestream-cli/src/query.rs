@@ -83,8 +83,12 @@ async fn register(
         None => true,
     };
     if is_delta {
-        let table = lakestream::sink::delta::load_table(&loc).await;
-        if let Ok(Some(table)) = table {
+        // A table that is there but cannot be loaded is an error, never a
+        // reason to read its data files raw (they include removed files).
+        let table = lakestream::sink::delta::load_table(&loc)
+            .await
+            .with_context(|| format!("cannot open the Delta table {name}"))?;
+        if let Some(table) = table {
             table.update_datafusion_session(&ctx.state())?;
             let provider = table.table_provider().await?;
             ctx.register_table(name, provider)?;

@@ -97,9 +97,10 @@ pub(crate) async fn vacuum(
     options: &HashMap<String, String>,
 ) -> anyhow::Result<()> {
     let table = load(url, options).await?;
-    let retention = chrono::Duration::hours(
-        i64::try_from(retention_hours).context("--retention-hours is too large")?,
-    );
+    let retention = i64::try_from(retention_hours)
+        .ok()
+        .and_then(chrono::Duration::try_hours)
+        .context("--retention-hours is too large")?;
     let (_, m) = table
         .vacuum()
         .with_retention_period(retention)

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
+use lakestream_checkpoint::normalize_option_key;
 use lakestream_plan::{Job, TableDecl};
 use lakestream_sink::delta::{DeltaSink, DeltaSinkOptions, delta_schema};
 use lakestream_source::Source;
@@ -19,7 +20,7 @@ use lakestream_source::generator::{GeneratorOptions, GeneratorSource};
 use crate::{Error, FailPoint, QueryBuilder, Result, Trigger};
 
 /// How to run a job file.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct JobOptions {
     /// The checkpoint location.
     pub checkpoint: String,
@@ -29,6 +30,20 @@ pub struct JobOptions {
     pub storage_options: HashMap<String, String>,
     /// A test fail point.
     pub fail_point: Option<(FailPoint, u64)>,
+}
+
+/// Storage option values may be secrets: only their keys are shown.
+impl std::fmt::Debug for JobOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut keys: Vec<&String> = self.storage_options.keys().collect();
+        keys.sort();
+        f.debug_struct("JobOptions")
+            .field("checkpoint", &self.checkpoint)
+            .field("trigger", &self.trigger)
+            .field("storage_option_keys", &keys)
+            .field("fail_point", &self.fail_point)
+            .finish()
+    }
 }
 
 /// Options of a streaming file table.
@@ -77,17 +92,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
     let job = lakestream_plan::parse_job(file, text).await?;
     // `SET aws.endpoint = '...'` (and google.*, azure.*) are storage options
     // of every location in the job; options given to the run win.
-    let mut storage = HashMap::new();
-    let mut settings = Vec::new();
-    for stmt in &job.settings {
-        match storage_setting(&stmt.to_string()) {
-            Some((k, v)) => {
-                storage.insert(k, v);
-            }
-            None => settings.push(stmt),
-        }
-    }
-    storage.extend(options.storage_options.clone());
+    let (storage, settings) = job_storage_options(&job, &options.storage_options);
     let options = &JobOptions {
         storage_options: storage,
         ..options.clone()
@@ -179,8 +184,7 @@ fn describe(s: &Schema) -> String {
 
 fn check_options(job: &Job, t: &TableDecl, allowed: &[&str]) -> Result<()> {
     for key in t.options.keys() {
-        let passthrough =
-            key.starts_with("aws.") || (t.format == "KAFKA" && key.starts_with("kafka."));
+        let passthrough = is_storage_key(key) || (t.format == "KAFKA" && key.starts_with("kafka."));
         if !allowed.contains(&key.as_str()) && !passthrough {
             return Err(job
                 .error(
@@ -215,6 +219,33 @@ fn opt_num(job: &Job, t: &TableDecl, key: &str) -> Result<Option<u64>> {
 }
 
 /// `1000`, `64MB`, `1GiB`, `128k` ...
+/// The job's storage options: its `SET aws.* = ...` statements, then the
+/// run's options on top, keys normalized so no key is there twice; and the
+/// other `SET` statements (for DataFusion).
+fn job_storage_options<'a>(
+    job: &'a Job,
+    run: &HashMap<String, String>,
+) -> (
+    HashMap<String, String>,
+    Vec<&'a datafusion::sql::parser::Statement>,
+) {
+    let mut storage = HashMap::new();
+    let mut settings = Vec::new();
+    for stmt in &job.settings {
+        match storage_setting(&stmt.to_string()) {
+            Some((k, v)) => {
+                storage.insert(normalize_option_key(&k), v);
+            }
+            None => settings.push(stmt),
+        }
+    }
+    storage.extend(
+        run.iter()
+            .map(|(k, v)| (normalize_option_key(k), v.clone())),
+    );
+    (storage, settings)
+}
+
 /// `SET aws.region = 'eu-west-1'` as `("aws.region", "eu-west-1")` when the
 /// key names a storage option (`aws.`, `google.`, `azure.`).
 fn storage_setting(stmt: &str) -> Option<(String, String)> {
@@ -287,11 +318,22 @@ fn parse_size(v: &str) -> Option<u64> {
     n.checked_mul(mult)
 }
 
+/// Whether a table option key is a storage option (`aws.*`, `google.*`,
+/// `azure.*`, or with `_` for `.`).
+fn is_storage_key(key: &str) -> bool {
+    ["aws.", "google.", "azure.", "aws_", "google_", "azure_"]
+        .iter()
+        .any(|p| key.starts_with(p))
+}
+
+/// The storage options of table `t`: the job's, then the table's own.
+/// Keys are normalized first, so two spellings of one key cannot both be
+/// present and race.
 fn store_options(t: &TableDecl, base: &HashMap<String, String>) -> HashMap<String, String> {
     let mut o = base.clone();
     for (k, v) in &t.options {
-        if let Some(rest) = k.strip_prefix("aws.") {
-            o.insert(format!("aws_{rest}"), v.clone());
+        if is_storage_key(k) {
+            o.insert(normalize_option_key(k), v.clone());
         }
     }
     o
@@ -401,7 +443,7 @@ async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result
     let store_opts = store_options(t, &options.storage_options);
     let schema = match &t.schema {
         Some(s) => s.clone(),
-        None => inferred_schema(job, t, &format, &store_opts, options).await?,
+        None => inferred_schema(job, t, &fo, &store_opts, options).await?,
     };
     // Partition columns not declared are strings read from the directory names.
     let schema = if t.partition_cols.iter().all(|p| schema.index_of(p).is_ok()) {
@@ -577,7 +619,7 @@ fn kafka_source(job: &Job, t: &TableDecl) -> Result<Arc<dyn Source>> {
 async fn inferred_schema(
     job: &Job,
     t: &TableDecl,
-    format: &FileFormat,
+    fo: &FileSourceOptions,
     store_opts: &HashMap<String, String>,
     options: &JobOptions,
 ) -> Result<SchemaRef> {
@@ -596,8 +638,7 @@ async fn inferred_schema(
             ))
         });
     }
-    let Some(schema) = FileSource::infer_schema(&t.name, &t.location, store_opts, format).await?
-    else {
+    let Some(schema) = FileSource::infer_schema(&t.name, &t.location, store_opts, fo).await? else {
         return Err(job
             .error(
                 t.pos,
@@ -774,6 +815,29 @@ mod tests {
             storage_setting("SET datafusion.execution.batch_size = 1024"),
             None
         );
+    }
+
+    #[tokio::test]
+    async fn run_options_override_set_statements_whatever_the_spelling() {
+        let job = lakestream_plan::parse_job(
+            "job.sql",
+            "SET aws.endpoint = 'http://a';\nSET aws.region = 'r1';\n\
+             CREATE UNBOUNDED EXTERNAL TABLE e (x INT) STORED AS JSON LOCATION 'in/';\n\
+             CREATE EXTERNAL TABLE o STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO o SELECT x FROM e;",
+        )
+        .await
+        .unwrap();
+        let run = HashMap::from([("AWS.ENDPOINT".to_string(), "http://b".to_string())]);
+        let (storage, settings) = job_storage_options(&job, &run);
+        assert_eq!(
+            storage,
+            HashMap::from([
+                ("aws_endpoint".to_string(), "http://b".to_string()),
+                ("aws_region".to_string(), "r1".to_string()),
+            ])
+        );
+        assert!(settings.is_empty());
     }
 
     #[test]

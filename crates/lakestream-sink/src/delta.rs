@@ -43,7 +43,7 @@ use lakestream_checkpoint::Location;
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
 
 /// Settings of a [`DeltaSink`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DeltaSinkOptions {
     /// Partition columns used when the table is created; when the table
     /// exists they must match its partitioning (empty: accept the table's).
@@ -57,6 +57,21 @@ pub struct DeltaSinkOptions {
     /// Compact the table's small files (to `target_file_size`) after every
     /// this many batches (`None`, the default: never).
     pub auto_compact_every: Option<u64>,
+}
+
+/// Storage option values may be secrets: only their keys are shown.
+impl std::fmt::Debug for DeltaSinkOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut keys: Vec<&String> = self.storage_options.keys().collect();
+        keys.sort();
+        f.debug_struct("DeltaSinkOptions")
+            .field("partition_columns", &self.partition_columns)
+            .field("target_file_size", &self.target_file_size)
+            .field("compression", &self.compression)
+            .field("storage_option_keys", &keys)
+            .field("auto_compact_every", &self.auto_compact_every)
+            .finish()
+    }
 }
 
 impl Default for DeltaSinkOptions {

@@ -107,7 +107,8 @@ pub struct FileSourceOptions {
     /// List only paths after the greatest path taken (for layouts where new
     /// files always sort after old ones).
     pub incremental_listing: bool,
-    /// Files read at once within one partition of a batch.
+    /// Small files (under 4 MiB on average) read at once within one
+    /// partition of a batch; larger files are read one at a time.
     pub read_concurrency: usize,
 }
 
@@ -334,10 +335,15 @@ impl FileSource {
             .partition_columns
             .iter()
             .map(|col| {
+                // Directory names are listed encoded; Hive escapes too
+                // (`ts=2026-01-01 00%3A00`): decode both.
                 let v = dirs.iter().rev().find_map(|d| {
-                    d.split_once('=')
-                        .filter(|(k, _)| k == col)
-                        .map(|(_, v)| v.to_string())
+                    d.split_once('=').filter(|(k, _)| k == col).map(|(_, v)| {
+                        let once = percent_encoding::percent_decode_str(v).decode_utf8_lossy();
+                        percent_encoding::percent_decode_str(&once)
+                            .decode_utf8_lossy()
+                            .into_owned()
+                    })
                 });
                 (col.clone(), v.filter(|v| v != "__HIVE_DEFAULT_PARTITION__"))
             })
@@ -345,25 +351,42 @@ impl FileSource {
     }
 
     #[allow(deprecated)]
-    /// Infer a schema from the first file (in read order) under `location`,
-    /// or `None` when there is no file yet.
+    /// Infer a schema from the first file (in read order) under `location`
+    /// that a source with `options` would read (its glob, time bounds and
+    /// compression apply), or `None` when there is no such file yet.
     pub async fn infer_schema(
         name: &str,
         location: &str,
         store_options: &std::collections::HashMap<String, String>,
-        format: &FileFormat,
+        options: &FileSourceOptions,
     ) -> Result<Option<SchemaRef>> {
         let location =
             Location::parse(location, store_options).map_err(|source| Error::Location {
                 source_name: name.to_string(),
                 source,
             })?;
-        let files = list_files(name, &location, &ListFilter::default(), None).await?;
+        let glob = options
+            .path_glob
+            .as_deref()
+            .map(glob::Pattern::new)
+            .transpose()
+            .map_err(|e| Error::InvalidOption {
+                source_name: name.to_string(),
+                option: "path_glob".into(),
+                reason: e.to_string(),
+            })?;
+        let filter = ListFilter {
+            glob: glob.as_ref(),
+            after_ms: options.modified_after_ms,
+            before_ms: options.modified_before_ms,
+        };
+        let format = &options.format;
+        let files = list_files(name, &location, &filter, None).await?;
         let Some(first) = files.first() else {
             return Ok(None);
         };
         let store = location.store().clone();
-        let path = Path::from(first.path.clone());
+        let path = object_path(&first.path);
         let file = first.path.clone();
         let malformed = |reason: String| Error::Malformed {
             source_name: name.to_string(),
@@ -382,7 +405,7 @@ impl FileSource {
             FileFormat::Json => {
                 let bytes = decompress_all(
                     get_all(name, &store, &path).await?,
-                    TextCompression::Auto.for_path(&first.path),
+                    options.compression.for_path(&first.path),
                 )
                 .await
                 .map_err(|e| malformed(e.to_string()))?;
@@ -399,7 +422,7 @@ impl FileSource {
             } => {
                 let bytes = decompress_all(
                     get_all(name, &store, &path).await?,
-                    TextCompression::Auto.for_path(&first.path),
+                    options.compression.for_path(&first.path),
                 )
                 .await
                 .map_err(|e| malformed(e.to_string()))?;
@@ -471,7 +494,11 @@ fn with_partition_columns(
         .map(|f| match values.iter().find(|(k, _)| k == f.name()) {
             Some((_, v)) => {
                 let strings: ArrayRef = Arc::new(StringArray::from(vec![v.as_deref(); n]));
-                arrow::compute::cast(&strings, f.data_type()).map_err(|e| {
+                let strict = arrow::compute::CastOptions {
+                    safe: false,
+                    ..Default::default()
+                };
+                arrow::compute::cast_with_options(&strings, f.data_type(), &strict).map_err(|e| {
                     format!(
                         "partition directory {}={} is not a {}: {e}",
                         f.name(),
@@ -649,13 +676,20 @@ impl Source for FileSource {
         Ok(groups
             .into_iter()
             .map(|files| {
+                // A few small files at once: they are bound by request
+                // latency, not bandwidth. A large file already overlaps its
+                // requests (read-ahead), and reading several at once would
+                // only multiply the memory held.
+                let total: u64 = files.iter().map(|f| f.size).sum();
+                let small = total < READ_CHUNK * files.len() as u64;
+                let concurrency = if small {
+                    self.options.read_concurrency.max(1)
+                } else {
+                    1
+                };
                 let streams: Vec<BatchStream> =
                     files.into_iter().map(|f| self.file_stream(f)).collect();
-                // A few files at once: small files on object stores are
-                // bound by request latency, not bandwidth.
-                stream::iter(streams)
-                    .flatten_unordered(self.options.read_concurrency.max(1))
-                    .boxed()
+                stream::iter(streams).flatten_unordered(concurrency).boxed()
             })
             .collect())
     }
@@ -670,6 +704,14 @@ impl Source for FileSource {
             Err(_) => "files ?".into(),
         }
     }
+}
+
+/// The object path of a listed file. `FileEntry::path` holds the path as
+/// the store listed it (already encoded): it must be parsed, not built
+/// with `Path::from`, which would encode `%`, `~`, `#`, ... a second time
+/// and name another object.
+fn object_path(p: &str) -> Path {
+    Path::parse(p).unwrap_or_else(|_| Path::from(p))
 }
 
 /// Which listed files a source reads.
@@ -692,7 +734,7 @@ async fn list_files(
 ) -> Result<Vec<FileEntry>> {
     let store = location.store();
     let listing = match after {
-        Some(a) => store.list_with_offset(Some(location.root()), &Path::from(a)),
+        Some(a) => store.list_with_offset(Some(location.root()), &object_path(a)),
         None => store.list(Some(location.root())),
     };
     let metas: Vec<ObjectMeta> = match listing.try_collect().await {
@@ -835,7 +877,7 @@ async fn text_stream(
     batch_size: usize,
     compression: TextCompression,
 ) -> Result<BatchStream> {
-    let path = Path::from(entry.path.clone());
+    let path = object_path(&entry.path);
     // The size is re-read rather than taken from the plan: a file rewritten
     // in place (fixing a malformed record) is read whole.
     let Some(meta) = present(&name, &entry, store.head(&path).await)? else {
@@ -1041,7 +1083,7 @@ async fn locate_text_error(st: ErrCtx, err: arrow::error::ArrowError) -> Error {
     let mut line = None;
     let mut reason = err.to_string();
     if st.format == FileFormat::Json
-        && let Ok(bytes) = get_all(&st.name, &st.store, &Path::from(st.path.clone())).await
+        && let Ok(bytes) = get_all(&st.name, &st.store, &object_path(&st.path)).await
         && let Ok(bytes) = decompress_all(bytes, st.compression).await
     {
         for (i, text) in bytes.split(|b| *b == b'\n').enumerate() {
@@ -1087,7 +1129,7 @@ async fn parquet_stream(
     schema: SchemaRef,
     batch_size: usize,
 ) -> Result<BatchStream> {
-    let path = Path::from(entry.path.clone());
+    let path = object_path(&entry.path);
     let malformed = |reason: String| Error::Malformed {
         source_name: name.clone(),
         file: entry.path.clone(),
@@ -1258,7 +1300,7 @@ mod tests {
             "t",
             dir.path().to_str().unwrap(),
             &HashMap::new(),
-            &FileFormat::Json,
+            &FileSourceOptions::new(FileFormat::Json),
         )
         .await
         .unwrap()

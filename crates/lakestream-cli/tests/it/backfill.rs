@@ -192,3 +192,67 @@ fn incremental_listing_and_snapshots_keep_restarts_exact() {
     expected.sort();
     assert_exactly_once(&read_py(&dir.join("out")), &expected);
 }
+
+#[test]
+fn file_and_directory_names_with_escapes_are_read_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    let mut expected = Vec::new();
+    // Names a store encodes (`%`, `#`, space, `~`) and a Hive-escaped
+    // partition value (`%3A` is `:`).
+    for (i, name) in [
+        "hour=2026-01-01 00%3A00/a%20b~1.json",
+        "hour=2026-01-01 01%3A00/c#d.json",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (body, ids) = events(&format!("n{i}"), 5);
+        put(&input.join(name), body.as_bytes());
+        expected.extend(ids);
+    }
+    expected.sort();
+    std::fs::write(
+        dir.join("job.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events (event_id VARCHAR, amount DOUBLE, ts TIMESTAMP)\n\
+         STORED AS JSON LOCATION 'in/' PARTITIONED BY (hour);\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+         INSERT INTO out SELECT event_id, hour FROM events;\n",
+    )
+    .unwrap();
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("no longer exists"),
+        "{}",
+        text(&o)
+    );
+    let rows = read_py(&dir.join("out"));
+    assert_exactly_once(&rows, &expected);
+    let mut hours: Vec<&str> = rows.iter().map(|r| r["hour"].as_str().unwrap()).collect();
+    hours.sort();
+    hours.dedup();
+    assert_eq!(hours, ["2026-01-01 00:00", "2026-01-01 01:00"]);
+}
+
+#[test]
+fn a_partition_directory_that_does_not_fit_its_type_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (body, _) = events("x", 3);
+    put(&dir.join("in/month=abc/part-0.json"), body.as_bytes());
+    std::fs::write(
+        dir.join("job.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events (event_id VARCHAR, amount DOUBLE, month INT)\n\
+         STORED AS JSON LOCATION 'in/' PARTITIONED BY (month);\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+         INSERT INTO out SELECT event_id, month FROM events;\n",
+    )
+    .unwrap();
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("month=abc"), "{}", text(&o));
+    assert!(err.contains("part-0.json"), "{}", text(&o));
+}
