@@ -151,25 +151,10 @@ impl DeltaSink {
     async fn load(&self) -> Result<DeltaTable> {
         self.location.ensure_local_dir()?;
         let mut table = open_table(&self.location).map_err(|e| self.table_err(e))?;
-        match table.load().await {
-            Ok(()) => Ok(table),
-            // "Not a table" must mean no log at all: a log that could not be
-            // listed or read (a store error on the way) is an error, never
-            // a reason to create the table afresh.
-            Err(DeltaTableError::NotATable(msg)) => {
-                use futures::StreamExt;
-                let log = self.location.child("_delta_log");
-                match self.location.store().list(Some(&log)).next().await {
-                    None => Ok(table),
-                    Some(Err(e)) => Err(self.table_err(DeltaTableError::ObjectStore { source: e })),
-                    Some(Ok(_)) => Err(self.table_err(DeltaTableError::Generic(format!(
-                        "the table has a _delta_log that could not be loaded ({msg}); retry, \
-                         or check the store"
-                    )))),
-                }
-            }
-            Err(e) => Err(self.table_err(e)),
-        }
+        load_checked(&self.location, &mut table)
+            .await
+            .map_err(|e| self.table_err(e))?;
+        Ok(table)
     }
 
     /// Refresh the cached table to its latest version and run `f` on it.
@@ -298,10 +283,29 @@ pub fn open_table(location: &Location) -> Result<DeltaTable, DeltaTableError> {
 /// there yet.
 pub async fn load_table(location: &Location) -> Result<Option<DeltaTable>, DeltaTableError> {
     let mut table = open_table(location)?;
+    load_checked(location, &mut table).await?;
+    Ok(table.version().is_some().then_some(table))
+}
+
+/// Load `table` (at `location`); a missing table is not an error and
+/// leaves it unloaded. "Not a table" must mean no log at all: a log that
+/// could not be listed or read (a store error on the way) is an error,
+/// never a reason to create the table afresh or read its files raw.
+async fn load_checked(location: &Location, table: &mut DeltaTable) -> Result<(), DeltaTableError> {
+    use futures::StreamExt;
     match table.load().await {
-        Ok(()) => Ok(table.version().is_some().then_some(table)),
-        Err(DeltaTableError::NotATable(_)) => Ok(None),
-        Err(e) => Err(e),
+        Err(DeltaTableError::NotATable(msg)) => {
+            let log = location.child("_delta_log");
+            match location.store().list(Some(&log)).next().await {
+                None => Ok(()),
+                Some(Err(e)) => Err(DeltaTableError::ObjectStore { source: e }),
+                Some(Ok(_)) => Err(DeltaTableError::Generic(format!(
+                    "the table has a _delta_log that could not be loaded ({msg}); retry, or \
+                     check the store"
+                ))),
+            }
+        }
+        other => other,
     }
 }
 

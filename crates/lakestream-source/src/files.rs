@@ -277,12 +277,7 @@ impl FileSource {
                 .cloned()
                 .collect::<Vec<_>>(),
         ));
-        let glob = options
-            .path_glob
-            .as_deref()
-            .map(glob::Pattern::new)
-            .transpose()
-            .map_err(|e| invalid("path_glob", e.to_string()))?;
+        let glob = compile_glob(name, &options)?;
         Ok(Self {
             name: name.to_string(),
             location,
@@ -297,11 +292,7 @@ impl FileSource {
     /// List the files this source may read, in read order, after `after`
     /// (a path) when given.
     async fn list(&self, after: Option<&str>) -> Result<Vec<FileEntry>> {
-        let filter = ListFilter {
-            glob: self.glob.as_ref(),
-            after_ms: self.options.modified_after_ms,
-            before_ms: self.options.modified_before_ms,
-        };
+        let filter = ListFilter::new(self.glob.as_ref(), &self.options);
         let mut files = list_files(&self.name, &self.location, &filter, after).await?;
         if self.options.incremental_listing {
             // Path order is what the listing offset relies on.
@@ -365,21 +356,8 @@ impl FileSource {
                 source_name: name.to_string(),
                 source,
             })?;
-        let glob = options
-            .path_glob
-            .as_deref()
-            .map(glob::Pattern::new)
-            .transpose()
-            .map_err(|e| Error::InvalidOption {
-                source_name: name.to_string(),
-                option: "path_glob".into(),
-                reason: e.to_string(),
-            })?;
-        let filter = ListFilter {
-            glob: glob.as_ref(),
-            after_ms: options.modified_after_ms,
-            before_ms: options.modified_before_ms,
-        };
+        let glob = compile_glob(name, options)?;
+        let filter = ListFilter::new(glob.as_ref(), options);
         let format = &options.format;
         let files = list_files(name, &location, &filter, None).await?;
         let Some(first) = files.first() else {
@@ -720,6 +698,30 @@ struct ListFilter<'a> {
     glob: Option<&'a glob::Pattern>,
     after_ms: Option<i64>,
     before_ms: Option<i64>,
+}
+
+impl<'a> ListFilter<'a> {
+    fn new(glob: Option<&'a glob::Pattern>, options: &FileSourceOptions) -> Self {
+        Self {
+            glob,
+            after_ms: options.modified_after_ms,
+            before_ms: options.modified_before_ms,
+        }
+    }
+}
+
+/// The source's `path_glob`, compiled.
+fn compile_glob(name: &str, options: &FileSourceOptions) -> Result<Option<glob::Pattern>> {
+    options
+        .path_glob
+        .as_deref()
+        .map(glob::Pattern::new)
+        .transpose()
+        .map_err(|e| Error::InvalidOption {
+            source_name: name.to_string(),
+            option: "path_glob".into(),
+            reason: e.to_string(),
+        })
 }
 
 /// List the readable files under `location` in read order: (modification
