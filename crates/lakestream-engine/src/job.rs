@@ -83,9 +83,15 @@ const KAFKA_OPTIONS: &[&str] = &[
     "request_timeout",
     "commit_offsets_to_group",
     "batch_size",
+    "consumers",
 ];
 /// Options of the Delta output table.
-const DELTA_SINK_OPTIONS: &[&str] = &["target_file_size", "compression", "auto_compact_every"];
+const DELTA_SINK_OPTIONS: &[&str] = &[
+    "target_file_size",
+    "compression",
+    "auto_compact_every",
+    "checkpoint_interval",
+];
 
 /// Parse the job in `text` (named `file` in errors) and build its query.
 pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<QueryBuilder> {
@@ -602,6 +608,12 @@ fn kafka_source(job: &Job, t: &TableDecl) -> Result<Arc<dyn Source>> {
     if let Some(b) = opt_num(job, t, "batch_size")? {
         o.batch_size = b as usize;
     }
+    if let Some(n) = opt_num(job, t, "consumers")? {
+        if n == 0 {
+            return Err(err("consumers must be at least 1".to_string()));
+        }
+        o.consumers = usize::try_from(n).unwrap_or(usize::MAX);
+    }
     for (k, v) in &t.options {
         if let Some(rest) = k.strip_prefix("kafka.") {
             o.client_config.insert(rest.to_string(), v.clone());
@@ -721,6 +733,14 @@ fn delta_sink(
     o.auto_compact_every = opt_num(job, t, "auto_compact_every")?.filter(|n| *n > 0);
     if let Some(n) = opt_num(job, t, "target_file_size")? {
         o.target_file_size = n;
+    }
+    if let Some(n) = opt_num(job, t, "checkpoint_interval")? {
+        if n == 0 {
+            return Err(job
+                .error(t.pos, "checkpoint_interval must be at least 1")
+                .into());
+        }
+        o.checkpoint_interval = n;
     }
     if let Some(c) = t.options.get("compression") {
         o.compression = DeltaSinkOptions::parse_compression(c).ok_or_else(|| {

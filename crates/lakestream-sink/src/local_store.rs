@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
 use object_store::local::LocalFileSystem;
-use object_store::path::{Path, PathPart};
+use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
@@ -43,24 +43,61 @@ impl std::fmt::Display for FastLocalStore {
 
 /// Files below `dir` (recursively) whose object path, `prefix/...`, sorts
 /// after `offset`, in no particular order.
+///
+/// Paths are the names as they are on disk (like the stock store's
+/// listing, which parses rather than encodes them). Names are compared with
+/// the offset's part below `prefix` before any path is built, so a
+/// directory of thousands of log files costs one pass over its names and an
+/// allocation per file listed, not per file seen.
 fn names_after(dir: &std::path::Path, prefix: &Path, offset: &Path, out: &mut Vec<Path>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
+    let joined = |name: &str| {
+        if prefix.as_ref().is_empty() {
+            Path::parse(name)
+        } else {
+            Path::parse(format!("{prefix}/{name}"))
+        }
+    };
+    let below = if prefix.as_ref().is_empty() {
+        Some(offset.as_ref())
+    } else {
+        offset
+            .as_ref()
+            .strip_prefix(prefix.as_ref())
+            .and_then(|r| r.strip_prefix('/'))
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let path = prefix.clone().join(PathPart::from(name));
+        // `prefix/name` sorts after `prefix/below` exactly when `name` sorts
+        // after `below`; the offset lies inside `prefix/name` when `below`
+        // starts with `name`.
+        let (after, on_path) = match below {
+            Some(b) => (name > b, b.starts_with(name)),
+            None => {
+                let Ok(path) = joined(name) else { continue };
+                (
+                    path.as_ref() > offset.as_ref(),
+                    offset.as_ref().starts_with(path.as_ref()),
+                )
+            }
+        };
+        if !after && !on_path {
+            continue;
+        }
         let Ok(kind) = entry.file_type() else {
             continue;
         };
+        // A name that is not a valid path part is not listed (nor by the
+        // stock store).
+        let Ok(path) = joined(name) else { continue };
         if kind.is_dir() {
-            // A directory may hold names after the offset even if its own
-            // name sorts before it only when it is a prefix of the offset.
-            if path.as_ref() > offset.as_ref() || offset.as_ref().starts_with(path.as_ref()) {
-                names_after(&entry.path(), &path, offset, out);
-            }
-        } else if path.as_ref() > offset.as_ref() && !name.contains('#') {
+            // A directory whose name sorts before the offset holds names
+            // after it only when it is on the offset's path.
+            names_after(&entry.path(), &path, offset, out);
+        } else if after && !name.contains('#') {
             // `#` marks the stock store's in-progress uploads.
             out.push(path);
         }
@@ -153,6 +190,25 @@ mod tests {
     use super::*;
     use futures::TryStreamExt;
 
+    /// The sorted offset listings of the fast and the stock store.
+    async fn both(prefix: &Path, offset: &Path) -> (Vec<String>, Vec<String>) {
+        let fast: Arc<dyn ObjectStore> = Arc::new(FastLocalStore::new());
+        let stock: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new());
+        let mut out = Vec::new();
+        for store in [fast, stock] {
+            let mut names: Vec<String> = store
+                .list_with_offset(Some(prefix), offset)
+                .map_ok(|m| m.location.to_string())
+                .try_collect()
+                .await
+                .unwrap();
+            names.sort();
+            out.push(names);
+        }
+        let stock = out.pop().unwrap();
+        (out.pop().unwrap(), stock)
+    }
+
     #[tokio::test]
     async fn offset_listing_matches_the_stock_store() {
         let dir = tempfile::tempdir().unwrap();
@@ -165,24 +221,48 @@ mod tests {
         std::fs::write(log.join("_staged/x.json"), "{}").unwrap();
         let prefix = Path::from_filesystem_path(&log).unwrap();
         let offset = prefix.clone().join(format!("{:020}", 17));
-        let fast = FastLocalStore::new();
-        let stock = LocalFileSystem::new();
-        let mut a: Vec<String> = fast
-            .list_with_offset(Some(&prefix), &offset)
-            .map_ok(|m| m.location.to_string())
-            .try_collect()
-            .await
-            .unwrap();
-        let mut b: Vec<String> = stock
-            .list_with_offset(Some(&prefix), &offset)
-            .map_ok(|m| m.location.to_string())
-            .try_collect()
-            .await
-            .unwrap();
-        a.sort();
-        b.sort();
+        let (a, b) = both(&prefix, &offset).await;
         assert_eq!(a, b);
         assert!(a.iter().any(|p| p.ends_with("00000000000000000017.json")));
         assert!(a.iter().any(|p| p.ends_with("_staged/x.json")));
+    }
+
+    #[tokio::test]
+    async fn offset_listing_matches_with_odd_names_and_nested_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("t");
+        for f in [
+            "a/1.json",
+            "a/2 b.json",
+            "a/3%c.json",
+            "a/sub/4.json",
+            "a/sub/5.json",
+            "a/sub2/6.json",
+            "a-b/7.json",
+            "a0/8.json",
+            "b/9.json",
+        ] {
+            let p = root.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, "{}").unwrap();
+        }
+        let prefix = Path::from_filesystem_path(&root).unwrap();
+        for offset in [
+            "a",
+            "a/1.json",
+            "a/2",
+            "a/sub",
+            "a/sub/4.json",
+            "a/sub2",
+            "a-",
+            "b/9.json",
+            "",
+        ] {
+            let offset = prefix.clone().join(offset);
+            let (a, b) = both(&prefix, &offset).await;
+            assert_eq!(a, b, "offset {offset}");
+        }
+        let (all, _) = both(&prefix, &prefix.clone().join("")).await;
+        assert_eq!(all.len(), 9, "{all:?}");
     }
 }

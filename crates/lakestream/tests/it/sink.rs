@@ -75,3 +75,81 @@ async fn a_batch_id_commits_once_per_query_whoever_writes_it() {
     let (n, _) = crate::common::count_distinct(dir.path(), "v").await;
     assert_eq!(n, 6, "batches 0..=4 of q1 and 4 of q2");
 }
+
+#[tokio::test]
+async fn appends_write_a_delta_checkpoint_every_ten_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path()).await;
+    for id in 0..25 {
+        assert!(matches!(
+            write(&a, "q1", id).await,
+            CommitOutcome::Committed { version } if version == id + 1
+        ));
+    }
+    let log = dir.path().join("_delta_log");
+    for v in [9, 19] {
+        assert!(
+            log.join(format!("{v:020}.checkpoint.parquet")).exists(),
+            "checkpoint at version {v}"
+        );
+    }
+    assert!(!log.join(format!("{:020}.checkpoint.parquet", 24)).exists());
+    let last: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(log.join("_last_checkpoint")).unwrap()).unwrap();
+    assert_eq!(last["version"], 19);
+    // A fresh reader (from the checkpoint plus later commits) sees every
+    // batch once, and the interval the table was created with.
+    let table = deltalake::open_table(url::Url::from_directory_path(dir.path()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(table.version(), Some(25));
+    assert_eq!(
+        table
+            .snapshot()
+            .unwrap()
+            .metadata()
+            .configuration()
+            .get("delta.checkpointInterval"),
+        Some(&"10".to_string())
+    );
+    let b = open(dir.path()).await;
+    assert_eq!(b.committed_batch("q1").await.unwrap(), Some(24));
+    let (n, distinct) = crate::common::count_distinct(dir.path(), "v").await;
+    assert_eq!((n, distinct), (25, 25));
+}
+
+#[tokio::test]
+async fn a_table_with_a_newer_writer_protocol_commits_through_delta_rs() {
+    use deltalake::kernel::{DataType as DeltaType, PrimitiveType, StructField};
+    let dir = tempfile::tempdir().unwrap();
+    // Change data feed needs writer protocol 4: lakestream's own append
+    // path does not apply, delta-rs's commit (which checks the features) does.
+    let url = url::Url::from_directory_path(dir.path()).unwrap();
+    let created = deltalake::DeltaTable::try_from_url(url.clone())
+        .await
+        .unwrap()
+        .create()
+        .with_columns([StructField::new(
+            "v",
+            DeltaType::Primitive(PrimitiveType::Long),
+            true,
+        )])
+        .with_configuration_property(deltalake::TableProperty::EnableChangeDataFeed, Some("true"))
+        .await
+        .unwrap();
+    let protocol = created.snapshot().unwrap().protocol().clone();
+    assert!(protocol.min_writer_version() > 2, "{protocol:?}");
+    let a = open(dir.path()).await;
+    for id in 0..12 {
+        assert!(matches!(
+            write(&a, "q1", id).await,
+            CommitOutcome::Committed { version } if version == id + 1
+        ));
+    }
+    assert!(matches!(
+        write(&a, "q1", 11).await,
+        CommitOutcome::AlreadyCommitted { .. }
+    ));
+    let (n, distinct) = crate::common::count_distinct(dir.path(), "v").await;
+    assert_eq!((n, distinct), (12, 12));
+}
