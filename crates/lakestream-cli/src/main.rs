@@ -19,6 +19,13 @@ use clap::{Parser, Subcommand};
 use lakestream_engine::job::{JobOptions, load_job};
 use lakestream_engine::{FailPoint, Trigger};
 
+/// mimalloc instead of the system allocator: a batch allocates and frees
+/// many small buffers on several threads, where glibc's per-thread arenas
+/// hold on to freed memory (see docs/benchmarks.md for the measurements).
+/// Embedders choose their own allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const EXIT_FAILED: u8 = 1;
 const EXIT_INVALID: u8 = 2;
 const EXIT_IN_USE: u8 = 3;

@@ -601,6 +601,7 @@ impl Driver {
                 _ => {}
             }
         }
+        self.sink.flush().await;
         if summary.table_version.is_none() {
             summary.table_version = self.sink.version().await?;
         }

@@ -135,6 +135,18 @@ pub struct DeltaSink {
     /// The newest version this sink committed or loaded; the loaded state
     /// in `table` may be older (appends do not update it).
     head: std::sync::Mutex<Option<u64>>,
+    /// The Delta checkpoint being written in the background.
+    checkpointing: std::sync::Mutex<Checkpointing>,
+}
+
+/// A Delta checkpoint written off the batch path.
+#[derive(Debug, Default)]
+struct Checkpointing {
+    /// The task writing it; it returns the table it loaded.
+    running: Option<tokio::task::JoinHandle<Result<DeltaTable>>>,
+    /// A checkpoint fell due while one was running (with expired-log
+    /// cleanup when `true`): started when the running one is collected.
+    due: Option<bool>,
 }
 
 /// What [`DeltaSink::append_commit`] did.
@@ -173,6 +185,7 @@ impl DeltaSink {
             table: Mutex::new(None),
             txn: Mutex::new(None),
             head: std::sync::Mutex::new(None),
+            checkpointing: std::sync::Mutex::new(Checkpointing::default()),
         })
     }
 
@@ -290,44 +303,107 @@ impl DeltaSink {
     }
 
     /// After an [`append_commit`](Self::append_commit) of `version`: remember
-    /// it, and when it is due, write a Delta checkpoint at the table's
-    /// latest version (from a fresh load, which also becomes the sink's
-    /// state), clean up expired log files, and compact.
+    /// it, start a Delta checkpoint when one is due, and compact.
     ///
-    /// The batch is committed whatever happens here: a failure is logged
-    /// and the next due checkpoint tries again.
+    /// The checkpoint is written off the batch path, on its own task: it
+    /// loads the table (its cost grows with the table's files) and the
+    /// next batches do not wait for it. The fresh table it loaded becomes
+    /// the sink's state at the next commit ([`Self::collect_checkpoint`]).
+    /// The batch is committed whatever happens to the checkpoint: a failure
+    /// is logged and the next due one tries again.
     async fn after_append(&self, table: &mut DeltaTable, version: u64, query_id: &str, batch: i64) {
         self.set_head(version);
         self.remember_txn(query_id, version, Some(batch)).await;
-        let interval = match checkpoint_interval(table) {
-            Ok(i) => i,
+        self.collect_checkpoint(table, false).await;
+        match checkpoint_interval(table) {
+            Ok(interval) if (version + 1).is_multiple_of(interval) => {
+                let cleanup = (version + 1).is_multiple_of(cleanup_every(interval));
+                self.spawn_checkpoint(version, cleanup);
+            }
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(table = %self.name, error = %e, "no table configuration; no checkpoint");
-                return;
-            }
-        };
-        if (version + 1).is_multiple_of(interval) {
-            let done = async {
-                *table = self.load().await?;
-                if let Some(v) = table.version() {
-                    self.set_head(v);
-                }
-                checkpoints::create_checkpoint(table, None)
-                    .await
-                    .map_err(|e| self.table_err(e))?;
-                if (version + 1).is_multiple_of(cleanup_every(interval)) {
-                    checkpoints::cleanup_metadata(table, None)
-                        .await
-                        .map_err(|e| self.table_err(e))?;
-                }
-                Ok::<_, Error>(())
-            };
-            if let Err(e) = done.await {
-                tracing::warn!(table = %self.name, version, error = %e, "Delta checkpoint failed; the next one retries");
             }
         }
         let batch_id = u64::try_from(batch).unwrap_or_default();
         self.maybe_compact(table, batch_id).await;
+    }
+
+    /// Write a Delta checkpoint at the table's latest version (at least
+    /// `version`) on a task of its own. While the previous one still runs,
+    /// this one waits as `due` and starts when that one is collected (one
+    /// checkpoint, at the then latest version, stands for all that fell
+    /// due meanwhile).
+    fn spawn_checkpoint(&self, version: u64, cleanup: bool) {
+        let mut slot = self.checkpointing.lock().expect("checkpoint slot");
+        if slot.running.as_ref().is_some_and(|h| !h.is_finished()) {
+            tracing::debug!(table = %self.name, version, "the previous Delta checkpoint is still being written; this one starts after it");
+            slot.due = Some(slot.due.unwrap_or(false) || cleanup);
+            return;
+        }
+        let location = self.location.clone();
+        let name = self.name.clone();
+        slot.running = Some(tokio::spawn(async move {
+            let table_err = |source: DeltaTableError| Error::Table {
+                table: name.clone(),
+                source: Box::new(source),
+            };
+            location.ensure_local_dir()?;
+            let mut table = open_table(&location).map_err(table_err)?;
+            load_checked(&location, &mut table)
+                .await
+                .map_err(table_err)?;
+            checkpoints::create_checkpoint(&table, None)
+                .await
+                .map_err(table_err)?;
+            if cleanup {
+                checkpoints::cleanup_metadata(&table, None)
+                    .await
+                    .map_err(table_err)?;
+            }
+            Ok(table)
+        }));
+    }
+
+    /// Take the result of a finished background checkpoint (with `wait`,
+    /// wait for a running one): its freshly loaded table replaces `table`
+    /// when it is at least as new, which keeps the sink's state near the
+    /// table's head without replaying commits.
+    async fn collect_checkpoint(&self, table: &mut DeltaTable, wait: bool) {
+        let handle = {
+            let mut slot = self.checkpointing.lock().expect("checkpoint slot");
+            if wait || slot.running.as_ref().is_some_and(|h| h.is_finished()) {
+                slot.running.take()
+            } else {
+                None
+            }
+        };
+        let Some(handle) = handle else { return };
+        let due = self
+            .checkpointing
+            .lock()
+            .expect("checkpoint slot")
+            .due
+            .take();
+        match handle.await {
+            Ok(Ok(fresh)) => {
+                if let Some(v) = fresh.version() {
+                    self.set_head(v);
+                }
+                if fresh.version() >= table.version() {
+                    *table = fresh;
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(table = %self.name, error = %e, "Delta checkpoint failed; the next one retries");
+            }
+            Err(e) => {
+                tracing::warn!(table = %self.name, error = %e, "Delta checkpoint task failed; the next one retries");
+            }
+        }
+        if let Some(cleanup) = due {
+            self.spawn_checkpoint(self.head(table).unwrap_or_default(), cleanup);
+        }
     }
 
     /// Compact after every `auto_compact_every` batches.
@@ -747,6 +823,7 @@ impl Sink for DeltaSink {
             table: self.name.clone(),
             reason: "the sink was not opened".into(),
         })?;
+        self.collect_checkpoint(table, false).await;
         let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
         // With this query's txn known at the newest version this sink has
         // seen, the log is not re-read: a commit by another writer since
@@ -867,6 +944,21 @@ impl Sink for DeltaSink {
                     source: Box::new(err),
                 })
             }
+        }
+    }
+
+    async fn flush(&self) {
+        let mut guard = self.table.lock().await;
+        let Some(table) = guard.as_mut() else { return };
+        // Collecting a checkpoint may start one that fell due meanwhile.
+        while self
+            .checkpointing
+            .lock()
+            .expect("checkpoint slot")
+            .running
+            .is_some()
+        {
+            self.collect_checkpoint(table, true).await;
         }
     }
 

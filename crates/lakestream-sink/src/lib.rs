@@ -185,6 +185,11 @@ pub trait Sink: Send + Sync {
     /// error means the batch is not in the table; re-running it is safe.
     async fn commit(&self, staged: Staged, info: &CommitInfo) -> Result<CommitOutcome>;
 
+    /// Wait for the work the sink does off the batch path (a Delta
+    /// checkpoint being written). Called when a query stops; a process that
+    /// dies instead loses only that work. Failures are the sink's to log.
+    async fn flush(&self) {}
+
     /// The current table version, if the sink has versions.
     async fn version(&self) -> Result<Option<u64>> {
         Ok(None)

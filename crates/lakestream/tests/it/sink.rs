@@ -85,6 +85,8 @@ async fn appends_write_a_delta_checkpoint_every_ten_commits() {
             write(&a, "q1", id).await,
             CommitOutcome::Committed { version } if version == id + 1
         ));
+        // Checkpoints are written off the batch path; wait for each.
+        a.flush().await;
     }
     let log = dir.path().join("_delta_log");
     for v in [9, 19] {
