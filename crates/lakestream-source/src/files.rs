@@ -150,7 +150,7 @@ impl TextCompression {
 
 /// Default `max_bytes_per_trigger`: bounds a batch's open output files, and
 /// so memory, whatever the input total.
-pub const DEFAULT_MAX_BYTES_PER_TRIGGER: u64 = 128 << 20;
+pub const DEFAULT_MAX_BYTES_PER_TRIGGER: u64 = 64 << 20;
 
 impl FileSourceOptions {
     /// Options with the default byte cap ([`DEFAULT_MAX_BYTES_PER_TRIGGER`]),

@@ -175,7 +175,16 @@ pub struct LostRange {
 struct KafkaState {
     /// High watermarks fixed by `freeze` (available-now).
     frozen: Option<PartitionOffsets>,
+    /// Watermarks read while starting (`initial_offset`, `freeze`), reused
+    /// by the calls that follow within [`STARTUP_MARKS_AGE`] up to and
+    /// including the first plan: a start then asks the broker once, not
+    /// three times.
+    startup_marks: Option<(Instant, Watermarks)>,
 }
+
+/// How old startup watermarks may be to be reused (they only bound what a
+/// batch reads: older ones make it read less, never wrongly).
+const STARTUP_MARKS_AGE: Duration = Duration::from_secs(2);
 
 /// Reads Kafka topics; see the module docs.
 #[derive(Debug)]
@@ -372,6 +381,7 @@ fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
 }
 
 /// Planning state gathered from the broker.
+#[derive(Debug, Clone)]
 struct Watermarks {
     /// (low, high) per topic and partition.
     marks: BTreeMap<String, BTreeMap<i32, (i64, i64)>>,
@@ -385,7 +395,12 @@ fn fetch_watermarks(
     topics: &Topics,
     timeout: Duration,
 ) -> Result<Watermarks, KafkaError> {
-    let md = consumer.fetch_metadata(None, timeout)?;
+    // One named topic: ask for its metadata only.
+    let only = match topics {
+        Topics::List(list) if list.len() == 1 => Some(list[0].as_str()),
+        _ => None,
+    };
+    let md = consumer.fetch_metadata(only, timeout)?;
     let mut marks = BTreeMap::new();
     for t in md.topics() {
         let wanted = match topics {
@@ -475,7 +490,7 @@ impl Source for KafkaSource {
     }
 
     async fn freeze(&self) -> Result<()> {
-        let marks = self.watermarks().await?;
+        let marks = self.startup_watermarks().await?;
         let frozen = marks
             .marks
             .into_iter()
@@ -486,7 +501,7 @@ impl Source for KafkaSource {
     }
 
     async fn initial_offset(&self) -> Result<Option<Offset>> {
-        let marks = self.watermarks().await?;
+        let marks = self.startup_watermarks().await?;
         let initial = KafkaOffset {
             partitions: self.resolve_starting(&marks).await?,
             ending: self
@@ -511,7 +526,13 @@ impl Source for KafkaSource {
                 None => KafkaOffset::default(),
             },
         };
-        let marks = self.watermarks().await?;
+        // The first plan may use the watermarks read while starting; every
+        // later plan asks the broker.
+        let startup = self.state.lock().expect("kafka state").startup_marks.take();
+        let marks = match startup {
+            Some((at, marks)) if at.elapsed() < STARTUP_MARKS_AGE => marks,
+            _ => self.watermarks().await?,
+        };
         let frozen = self.state.lock().expect("kafka state").frozen.clone();
         let mut next = KafkaOffset {
             ending: prev.ending.clone(),
@@ -726,6 +747,20 @@ impl KafkaSource {
             }
         }
         Ok(ranges)
+    }
+
+    /// Watermarks read at most [`STARTUP_MARKS_AGE`] ago while starting, or
+    /// fresh ones (kept for the next start-up call and the first plan).
+    async fn startup_watermarks(&self) -> Result<Watermarks> {
+        if let Some((at, marks)) = &self.state.lock().expect("kafka state").startup_marks
+            && at.elapsed() < STARTUP_MARKS_AGE
+        {
+            return Ok(marks.clone());
+        }
+        let marks = self.watermarks().await?;
+        self.state.lock().expect("kafka state").startup_marks =
+            Some((Instant::now(), marks.clone()));
+        Ok(marks)
     }
 
     async fn watermarks(&self) -> Result<Watermarks> {
