@@ -311,9 +311,11 @@ impl DeltaSink {
     /// the sink's state at the next commit ([`Self::collect_checkpoint`]).
     /// The batch is committed whatever happens to the checkpoint: a failure
     /// is logged and the next due one tries again.
-    async fn after_append(&self, table: &mut DeltaTable, version: u64, query_id: &str, batch: i64) {
+    async fn after_append(&self, table: &mut DeltaTable, version: u64, info: &CommitInfo) {
+        let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
         self.set_head(version);
-        self.remember_txn(query_id, version, Some(batch)).await;
+        self.remember_txn(&info.query_id, version, Some(batch))
+            .await;
         self.collect_checkpoint(table, false).await;
         match checkpoint_interval(table) {
             Ok(interval) if (version + 1).is_multiple_of(interval) => {
@@ -325,8 +327,7 @@ impl DeltaSink {
                 tracing::warn!(table = %self.name, error = %e, "no table configuration; no checkpoint");
             }
         }
-        let batch_id = u64::try_from(batch).unwrap_or_default();
-        self.maybe_compact(table, batch_id).await;
+        self.maybe_compact(table, info.batch_id).await;
     }
 
     /// Write a Delta checkpoint at the table's latest version (at least
@@ -866,8 +867,7 @@ impl Sink for DeltaSink {
             )
             .await?;
         if let Append::Committed(version) = append {
-            self.after_append(table, version, &info.query_id, batch)
-                .await;
+            self.after_append(table, version, info).await;
             return Ok(CommitOutcome::Committed { version });
         }
 

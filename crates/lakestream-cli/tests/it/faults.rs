@@ -9,20 +9,11 @@ fn run_job(
     ckpt: &str,
     fail: Option<&str>,
 ) -> std::process::Output {
-    let mut c = bin();
-    c.current_dir(dir).args([
-        "run",
-        job,
-        "--checkpoint",
-        ckpt,
-        "--trigger",
-        "available-now",
-        "--progress-json",
-    ]);
-    if let Some(f) = fail {
-        c.env("LAKESTREAM_FAIL_POINT", f);
-    }
-    c.output().unwrap()
+    let envs: Vec<(&str, String)> = fail
+        .map(|f| ("LAKESTREAM_FAIL_POINT", f.to_string()))
+        .into_iter()
+        .collect();
+    run_available_now(dir, job, ckpt, &envs, &["--progress-json"])
 }
 
 #[test]

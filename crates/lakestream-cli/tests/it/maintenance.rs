@@ -8,6 +8,16 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use crate::errors::unsafe_kill;
 
+/// The operation of each entry of `lakestream table history --json`.
+fn operations(history: &serde_json::Value) -> Vec<&str> {
+    history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["operation"].as_str().unwrap())
+        .collect()
+}
+
 fn table_cmd(dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["table"];
     all.extend_from_slice(args);
@@ -85,12 +95,7 @@ fn compaction_while_a_stream_writes_keeps_every_row_once() {
 
     // The history shows both writers.
     let history = table_cmd(dir, &["history", "out", "--limit", "1000"]);
-    let ops: Vec<&str> = history
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["operation"].as_str().unwrap())
-        .collect();
+    let ops = operations(&history);
     assert!(ops.contains(&"OPTIMIZE"), "{ops:?}");
     let batches: Vec<u64> = history
         .as_array()
@@ -154,12 +159,7 @@ fn auto_compaction_runs_every_n_batches_inside_the_job() {
     let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
     assert!(o.status.success(), "{}", text(&o));
     let history = table_cmd(dir, &["history", "out", "--limit", "100"]);
-    let ops: Vec<&str> = history
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["operation"].as_str().unwrap())
-        .collect();
+    let ops = operations(&history);
     assert_eq!(
         ops.iter().filter(|o| **o == "OPTIMIZE").count(),
         2,

@@ -1,7 +1,28 @@
-//! Reading tables back through delta-rs and DataFusion.
+//! Building test queries, and reading tables back through delta-rs and
+//! DataFusion.
 
 use arrow::array::AsArray;
 use datafusion::prelude::SessionContext;
+
+/// An available-now query of `sql` over `source` into the Delta table at
+/// `table` (default options), checkpointed at `ckpt`.
+pub(crate) fn available_now(
+    source: impl lakestream::source::Source + 'static,
+    sql: &str,
+    table: &str,
+    ckpt: &str,
+) -> lakestream::QueryBuilder {
+    use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+    lakestream::QueryBuilder::new()
+        .source(std::sync::Arc::new(source))
+        .unwrap()
+        .sql(sql)
+        .sink(std::sync::Arc::new(
+            DeltaSink::try_new(table, DeltaSinkOptions::default()).unwrap(),
+        ))
+        .checkpoint(ckpt)
+        .trigger(lakestream::Trigger::AvailableNow)
+}
 
 /// Run `sql` over the Delta table at `table` (registered as `t`).
 pub(crate) async fn read_table(

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::datatypes::{DataType, Field, Schema};
-use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream::QueryBuilder;
 use lakestream::source::kafka::{KafkaSource, KafkaSourceOptions, Topics};
-use lakestream::{QueryBuilder, Trigger};
 use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -59,19 +58,12 @@ fn query(
         options,
     )
     .unwrap();
-    QueryBuilder::new()
-        .source(Arc::new(source))
-        .unwrap()
-        .sql("SELECT id, _partition, _offset FROM events")
-        .sink(Arc::new(
-            DeltaSink::try_new(
-                dir.join("table").to_str().unwrap(),
-                DeltaSinkOptions::default(),
-            )
-            .unwrap(),
-        ))
-        .checkpoint(dir.join("ckpt").to_str().unwrap())
-        .trigger(Trigger::AvailableNow)
+    crate::common::available_now(
+        source,
+        "SELECT id, _partition, _offset FROM events",
+        dir.join("table").to_str().unwrap(),
+        dir.join("ckpt").to_str().unwrap(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

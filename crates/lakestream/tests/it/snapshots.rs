@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema};
-use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream::QueryBuilder;
 use lakestream::source::files::{FileFormat, FileSource, FileSourceOptions};
-use lakestream::{QueryBuilder, Trigger};
 
 fn write_files(dir: &std::path::Path, from: usize, to: usize) {
     std::fs::create_dir_all(dir).unwrap();
@@ -31,20 +30,13 @@ fn query(dir: &std::path::Path) -> QueryBuilder {
         opts,
     )
     .unwrap();
-    QueryBuilder::new()
-        .source(Arc::new(source))
-        .unwrap()
-        .sql("SELECT id FROM events")
-        .sink(Arc::new(
-            DeltaSink::try_new(
-                dir.join("table").to_str().unwrap(),
-                DeltaSinkOptions::default(),
-            )
-            .unwrap(),
-        ))
-        .checkpoint(dir.join("ckpt").to_str().unwrap())
-        .snapshot_interval(5)
-        .trigger(Trigger::AvailableNow)
+    crate::common::available_now(
+        source,
+        "SELECT id FROM events",
+        dir.join("table").to_str().unwrap(),
+        dir.join("ckpt").to_str().unwrap(),
+    )
+    .snapshot_interval(5)
 }
 
 fn names(dir: &std::path::Path) -> Vec<String> {

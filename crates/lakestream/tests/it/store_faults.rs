@@ -17,9 +17,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream::QueryBuilder;
 use lakestream::source::files::{FileFormat, FileSource, FileSourceOptions};
-use lakestream::{QueryBuilder, Trigger};
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
@@ -284,15 +283,12 @@ fn query(url: &str) -> QueryBuilder {
         opts,
     )
     .unwrap();
-    QueryBuilder::new()
-        .source(Arc::new(source))
-        .unwrap()
-        .sql("SELECT id, name FROM events")
-        .sink(Arc::new(
-            DeltaSink::try_new(&format!("{url}table/"), DeltaSinkOptions::default()).unwrap(),
-        ))
-        .checkpoint(format!("{url}ckpt/"))
-        .trigger(Trigger::AvailableNow)
+    crate::common::available_now(
+        source,
+        "SELECT id, name FROM events",
+        &format!("{url}table/"),
+        &format!("{url}ckpt/"),
+    )
 }
 
 /// How many times each id is in the table at `url`table/.
