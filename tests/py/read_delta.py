@@ -5,6 +5,7 @@ usage: read_delta.py TABLE_PATH            rows as JSON lines
        (TABLE_PATH may be s3://...: the test S3 server is taken from
        LAKESTREAM_S3_ENDPOINT, LAKESTREAM_S3_KEY_ID, LAKESTREAM_S3_SECRET)
        read_delta.py TABLE_PATH --meta     one JSON object: version, partition columns, schema
+       read_delta.py TABLE_PATH --history  the commits' commitInfo, newest first, as JSON lines
 """
 import json
 import os
@@ -28,6 +29,10 @@ def storage_options(uri: str):
 
 def main() -> None:
     table = deltalake.DeltaTable(sys.argv[1], storage_options=storage_options(sys.argv[1]))
+    if "--history" in sys.argv[2:]:
+        for commit in table.history():
+            print(json.dumps(commit, default=str), flush=True)
+        return
     if "--meta" in sys.argv[2:]:
         data = table.to_pyarrow_table()
         print(

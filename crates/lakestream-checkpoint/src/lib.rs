@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! <checkpoint>/metadata      query id, created once with create-if-absent
+//! <checkpoint>/query         the query's sources and sink, created once, compared at restart
 //! <checkpoint>/offsets/<N>   write-ahead: source ranges of batch N, its timestamp
 //! <checkpoint>/commits/<N>   batch N is in the table
 //! <checkpoint>/lock          local checkpoints only: held by the running process
@@ -51,7 +52,7 @@ use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use location::{Location, normalize_option_key, register_object_store};
+pub use location::{Location, normalize_option_key, register_object_store, sync_local_file};
 
 /// The checkpoint file format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -104,6 +105,22 @@ pub enum Error {
         /// The version found in the file.
         found: u32,
     },
+    /// The query run on this checkpoint reads other sources, or writes
+    /// another sink, than the query that created it.
+    #[error(
+        "checkpoint {location} belongs to a query with other sources or another sink, so its \
+         offsets do not apply to this one: {}. Run this query with a new --checkpoint (it then \
+         starts from its sources' starting offsets), or restore the query as it was. Changing \
+         filters, projections or the SELECT list is allowed; changing which tables are read or \
+         written is not",
+        differences.join("; ")
+    )]
+    QueryChanged {
+        /// The checkpoint location.
+        location: String,
+        /// Each difference, readable.
+        differences: Vec<String>,
+    },
     /// A location string could not be turned into an object store.
     #[error("invalid location {location:?}: {reason}")]
     InvalidLocation {
@@ -144,6 +161,76 @@ pub struct Metadata {
     pub query_id: Uuid,
     /// When the checkpoint was created, in ms since the Unix epoch.
     pub created_at_ms: i64,
+}
+
+/// One source as the checkpoint records it: what kind it is and what it
+/// reads (never credentials).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedSource {
+    /// The kind of source (`files`, `kafka`, `generator`).
+    pub kind: String,
+    /// What it reads: a location URL, topics.
+    pub location: String,
+}
+
+/// `<checkpoint>/query`: the sources (by table name) and the sink of the
+/// query that owns the checkpoint. Created at the first run, never
+/// rewritten; a later run whose sources or sink differ is refused
+/// ([`Error::QueryChanged`]), since the offsets would be applied to input
+/// they do not describe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueryRecord {
+    /// Format version ([`FORMAT_VERSION`]).
+    pub version: u32,
+    /// Source table name -> what it reads.
+    pub sources: BTreeMap<String, RecordedSource>,
+    /// What the sink writes to.
+    pub sink: String,
+}
+
+impl QueryRecord {
+    /// A record at the current format version.
+    pub fn new(sources: BTreeMap<String, RecordedSource>, sink: String) -> Self {
+        Self {
+            version: FORMAT_VERSION,
+            sources,
+            sink,
+        }
+    }
+
+    /// How `self` (this run) differs from `recorded`, one line per
+    /// difference; empty when the query may run on the checkpoint.
+    pub fn differences(&self, recorded: &QueryRecord) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, was) in &recorded.sources {
+            match self.sources.get(name) {
+                None => out.push(format!(
+                    "source {name} ({} {}) is no longer in the query",
+                    was.kind, was.location
+                )),
+                Some(now) if now != was => out.push(format!(
+                    "source {name} read {} {} and now reads {} {}",
+                    was.kind, was.location, now.kind, now.location
+                )),
+                Some(_) => {}
+            }
+        }
+        for (name, now) in &self.sources {
+            if !recorded.sources.contains_key(name) {
+                out.push(format!(
+                    "source {name} ({} {}) is new",
+                    now.kind, now.location
+                ));
+            }
+        }
+        if self.sink != recorded.sink {
+            out.push(format!(
+                "the output was {} and now is {}",
+                recorded.sink, self.sink
+            ));
+        }
+        out
+    }
 }
 
 /// One source's range in a batch. `start` is the previous batch's end
@@ -333,6 +420,84 @@ impl Checkpoint {
         }
     }
 
+    /// Check that `record` (this run's sources and sink) is the query the
+    /// checkpoint belongs to, recording it on the first run.
+    ///
+    /// A checkpoint written before `query` existed is checked against the
+    /// source names of its newest `offsets/N`, then given `record`. Fails
+    /// with [`Error::QueryChanged`] listing every difference.
+    pub async fn check_query(&self, record: &QueryRecord) -> Result<()> {
+        if let Some(recorded) = read_entry::<QueryRecord>(&self.location, "query").await? {
+            return self.refuse_differences(record.differences(&recorded));
+        }
+        if let Some(last) = self.latest_offsets().await? {
+            let mut differences = Vec::new();
+            for name in last.sources.keys() {
+                if !record.sources.contains_key(name) {
+                    differences.push(format!("source {name} is no longer in the query"));
+                }
+            }
+            for name in record.sources.keys() {
+                if !last.sources.contains_key(name) {
+                    differences.push(format!("source {name} is new"));
+                }
+            }
+            self.refuse_differences(differences)?;
+        }
+        let path = self.location.child("query");
+        match put_json(&self.location, &path, record, PutMode::Create).await {
+            Ok(()) => Ok(()),
+            // Another process recorded it first: compare with theirs.
+            Err(Error::Store {
+                source: object_store::Error::AlreadyExists { .. },
+                ..
+            }) => match read_entry::<QueryRecord>(&self.location, "query").await? {
+                Some(recorded) => self.refuse_differences(record.differences(&recorded)),
+                None => Ok(()),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    fn refuse_differences(&self, differences: Vec<String>) -> Result<()> {
+        if differences.is_empty() {
+            return Ok(());
+        }
+        Err(Error::QueryChanged {
+            location: self.location.url().to_string(),
+            differences,
+        })
+    }
+
+    /// Remove `offsets/N` and `commits/N` for every `N < keep_from`: the
+    /// caller has made sure snapshots cover them. Best effort: a file that
+    /// cannot be removed is left for the next purge.
+    pub async fn purge_before(&self, keep_from: u64) -> Result<usize> {
+        let mut removed = 0;
+        for dir in ["offsets", "commits"] {
+            for id in list_ids(&self.location, dir).await? {
+                if id >= keep_from {
+                    break;
+                }
+                if self
+                    .location
+                    .store()
+                    .delete(&self.location.child(&format!("{dir}/{id}")))
+                    .await
+                    .is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The batch ids of the snapshots kept for `source`, ascending.
+    pub async fn source_snapshot_ids(&self, source: &str) -> Result<Vec<u64>> {
+        list_ids(&self.location, &format!("sources/{source}/snapshots")).await
+    }
+
     /// Write `commits/N`. Idempotent: rewriting the same batch is allowed, so a
     /// crash between the table commit and this write is harmless.
     pub async fn write_commit(&self, entry: &CommitEntry) -> Result<()> {
@@ -406,8 +571,10 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// The newest snapshot of `source` taken at a batch `<= max_batch`, with
-    /// its batch id.
+    /// The newest readable snapshot of `source` taken at a batch
+    /// `<= max_batch`, with its batch id. A corrupt snapshot (torn by a
+    /// crash, damaged on disk) is passed over with a warning for the one
+    /// kept before it: the write-ahead files after that one are kept too.
     pub async fn latest_source_snapshot(
         &self,
         source: &str,
@@ -416,10 +583,13 @@ impl Checkpoint {
         let dir = format!("sources/{source}/snapshots");
         let ids = list_ids(&self.location, &dir).await?;
         for id in ids.into_iter().rev().filter(|id| *id <= max_batch) {
-            if let Some(v) =
-                read_state_at(&self.location, source, &format!("snapshots/{id}")).await?
-            {
-                return Ok(Some((id, v)));
+            match read_state_at(&self.location, source, &format!("snapshots/{id}")).await {
+                Ok(Some(v)) => return Ok(Some((id, v))),
+                Ok(None) => {}
+                Err(e @ Error::Corrupt { .. }) => {
+                    tracing::warn!(source, batch_id = id, error = %e, "the newest source snapshot is unreadable; using the one before it");
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(None)
@@ -508,6 +678,11 @@ impl Versioned for OffsetsEntry {
         self.version
     }
 }
+impl Versioned for QueryRecord {
+    fn format_version(&self) -> u32 {
+        self.version
+    }
+}
 impl Versioned for CommitEntry {
     fn format_version(&self) -> u32 {
         self.version
@@ -572,11 +747,13 @@ async fn put_json<T: Serialize>(
         .store()
         .put_opts(path, PutPayload::from(bytes), opts)
         .await
-        .map(|_| ())
         .map_err(|e| Error::Store {
             file: format!("{}{}", location.url(), path_below_root(location, path)),
             source: e,
-        })
+        })?;
+    // Durable before the next protocol step relies on it (a local store
+    // does not sync by itself).
+    location.sync(path).await
 }
 
 fn path_below_root(location: &Location, path: &Path) -> String {

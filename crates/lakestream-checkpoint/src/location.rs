@@ -184,7 +184,41 @@ impl Location {
     }
 }
 
+/// Make a local file and its directory entry durable: `fsync` the file,
+/// then its parent directory (so a rename or link that created it survives
+/// a power loss too). The local object store writes through the page cache
+/// and syncs nothing; every file the protocol relies on after a crash goes
+/// through here.
+pub fn sync_local_file(path: &std::path::Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 impl Location {
+    /// On a local location, make the object at `path` durable
+    /// ([`sync_local_file`]); on an object store a successful put already
+    /// is, and this does nothing.
+    pub async fn sync(&self, path: &Path) -> Result<()> {
+        if self.local_dir.is_none() {
+            return Ok(());
+        }
+        let fs_path = PathBuf::from(format!("/{path}"));
+        let shown = fs_path.display().to_string();
+        tokio::task::spawn_blocking(move || sync_local_file(&fs_path))
+            .await
+            .map_err(|e| Error::Io {
+                path: shown.clone(),
+                source: std::io::Error::other(e),
+            })?
+            .map_err(|source| Error::Io {
+                path: shown,
+                source,
+            })
+    }
+
     async fn remove_stale_probes(&self) {
         use futures::StreamExt;
         let dir = self.child("_lakestream_probe");

@@ -14,7 +14,9 @@ use lakestream_checkpoint::normalize_option_key;
 use lakestream_plan::{Job, TableDecl};
 use lakestream_sink::delta::{DeltaSink, DeltaSinkOptions, delta_schema};
 use lakestream_source::Source;
-use lakestream_source::files::{FileFormat, FileSource, FileSourceOptions, TextCompression};
+use lakestream_source::files::{
+    FileFormat, FileSource, FileSourceOptions, MissingFiles, TextCompression,
+};
 use lakestream_source::generator::{GeneratorOptions, GeneratorSource};
 
 use crate::{Error, FailPoint, QueryBuilder, Result, Trigger};
@@ -61,6 +63,7 @@ const FILE_OPTIONS: &[&str] = &[
     "compression",
     "incremental_listing",
     "read_concurrency",
+    "missing_files",
 ];
 /// Options of a generator table.
 const GENERATOR_OPTIONS: &[&str] = &[
@@ -78,9 +81,11 @@ const KAFKA_OPTIONS: &[&str] = &[
     "ending_offsets",
     "max_offsets_per_trigger",
     "fail_on_data_loss",
+    "isolation_level",
     "topic_pattern",
     "read_timeout",
     "request_timeout",
+    "unavailable_timeout",
     "commit_offsets_to_group",
     "batch_size",
     "consumers",
@@ -296,6 +301,11 @@ fn opt_time(job: &Job, t: &TableDecl, key: &str) -> Result<Option<i64>> {
     })
 }
 
+/// The first of `keys` the table sets, with its value.
+fn option_of<'t>(t: &'t TableDecl, keys: &[&'t str]) -> Option<(&'t str, &'t String)> {
+    keys.iter().find_map(|k| t.options.get(*k).map(|v| (*k, v)))
+}
+
 fn opt_bool(job: &Job, t: &TableDecl, key: &str, v: &str) -> Result<bool> {
     match v.to_ascii_lowercase().as_str() {
         "true" => Ok(true),
@@ -362,7 +372,7 @@ async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result
         }
         g.max_rows_per_trigger = opt_num(job, t, "max_rows_per_trigger")?;
         if let Some(b) = opt_num(job, t, "batch_size")? {
-            g.batch_size = b as usize;
+            g.batch_size = usize::try_from(b).unwrap_or(usize::MAX);
         }
         if g.rows.is_none() && g.rows_per_second.is_none() {
             g.rows = Some(1000);
@@ -401,31 +411,46 @@ async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result
         delimiter,
     } = &mut format
     {
-        if let Some(v) = t
-            .options
-            .get("format.has_header")
-            .or(t.options.get("has_header"))
-        {
-            *has_header = v.eq_ignore_ascii_case("true");
+        if let Some((key, v)) = option_of(t, &["format.has_header", "has_header"]) {
+            *has_header = opt_bool(job, t, key, v)?;
         }
-        if let Some(v) = t
-            .options
-            .get("format.delimiter")
-            .or(t.options.get("delimiter"))
-        {
-            *delimiter = v.bytes().next().unwrap_or(b',');
+        if let Some((key, v)) = option_of(t, &["format.delimiter", "delimiter"]) {
+            *delimiter = match v.as_bytes() {
+                [b] => *b,
+                _ => {
+                    return Err(job
+                        .error(
+                            t.pos,
+                            format!(
+                                "option {key} of {}: {v:?} is not one ASCII character",
+                                t.name
+                            ),
+                        )
+                        .into());
+                }
+            };
         }
     }
     let mut fo = FileSourceOptions::new(format.clone());
-    fo.max_files_per_trigger = opt_num(job, t, "max_files_per_trigger")?.map(|n| n as usize);
+    fo.max_files_per_trigger =
+        opt_num(job, t, "max_files_per_trigger")?.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     if let Some(b) = opt_num(job, t, "max_bytes_per_trigger")? {
         fo.max_bytes_per_trigger = Some(b);
     }
     if let Some(b) = opt_num(job, t, "batch_size")? {
-        fo.batch_size = b as usize;
+        fo.batch_size = usize::try_from(b).unwrap_or(usize::MAX);
     }
     if let Some(n) = opt_num(job, t, "read_concurrency")? {
-        fo.read_concurrency = (n as usize).max(1);
+        fo.read_concurrency = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if let Some(v) = t.options.get("missing_files") {
+        fo.missing_files = MissingFiles::from_name(v).ok_or_else(|| -> Error {
+            job.error(
+                t.pos,
+                format!("missing_files {v:?} for {}: use fail or skip", t.name),
+            )
+            .into()
+        })?;
     }
     fo.path_glob = t.options.get("path_glob").cloned();
     fo.modified_after_ms = opt_time(job, t, "modified_after")?;
@@ -474,7 +499,8 @@ async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result
 
 fn kafka_source(job: &Job, t: &TableDecl) -> Result<Arc<dyn Source>> {
     use lakestream_source::kafka::{
-        EndingOffsets, KafkaSource, KafkaSourceOptions, StartingOffsets, Topics, ValueFormat,
+        EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, StartingOffsets, Topics,
+        ValueFormat,
     };
     check_options(job, t, KAFKA_OPTIONS)?;
     let err = |msg: String| -> Error { job.error(t.pos, msg).into() };
@@ -593,26 +619,29 @@ fn kafka_source(job: &Job, t: &TableDecl) -> Result<Arc<dyn Source>> {
             }
         };
     }
-    for (key, field) in [("read_timeout", 0), ("request_timeout", 1)] {
+    for (key, field) in [
+        ("read_timeout", &mut o.read_timeout),
+        ("request_timeout", &mut o.request_timeout),
+        ("unavailable_timeout", &mut o.unavailable_timeout),
+    ] {
         if let Some(v) = t.options.get(key) {
-            let d = crate::parse_duration(v)
+            *field = crate::parse_duration(v)
                 .ok_or_else(|| err(format!("{key} must be a duration like 30s, got {v:?}")))?;
-            if field == 0 {
-                o.read_timeout = d;
-            } else {
-                o.request_timeout = d;
-            }
         }
     }
     o.commit_group = t.options.get("commit_offsets_to_group").cloned();
     if let Some(b) = opt_num(job, t, "batch_size")? {
-        o.batch_size = b as usize;
+        o.batch_size = usize::try_from(b).unwrap_or(usize::MAX);
     }
     if let Some(n) = opt_num(job, t, "consumers")? {
-        if n == 0 {
-            return Err(err("consumers must be at least 1".to_string()));
-        }
         o.consumers = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if let Some(v) = t.options.get("isolation_level") {
+        o.isolation_level = IsolationLevel::from_name(v).ok_or_else(|| {
+            err(format!(
+                "isolation_level {v:?}: use read_committed or read_uncommitted"
+            ))
+        })?;
     }
     for (k, v) in &t.options {
         if let Some(rest) = k.strip_prefix("kafka.") {

@@ -21,7 +21,10 @@ mod query;
 use std::time::Duration;
 
 pub use progress::{BatchProgress, Durations, SourceProgress};
-pub use query::{DEFAULT_SNAPSHOT_INTERVAL, QueryBuilder, QueryHandle, QuerySummary, StopHandle};
+pub use query::{
+    DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, PROGRESS_EVENTS_BUFFER, QueryBuilder,
+    QueryHandle, QuerySummary, StopHandle,
+};
 
 pub use lakestream_checkpoint as checkpoint;
 pub use lakestream_plan as plan;
@@ -34,9 +37,40 @@ pub enum Error {
     /// The checkpoint log failed or refused (in use, corrupt, unknown version).
     #[error(transparent)]
     Checkpoint(Box<lakestream_checkpoint::Error>),
-    /// A source failed: malformed input, missing file, bad option.
+    /// A source failed: bad option, planning or start-up failure.
     #[error(transparent)]
     Source(Box<lakestream_source::Error>),
+    /// A source failed while batch `batch_id` read its range: malformed
+    /// input, a missing file, a broker error. The batch is not committed;
+    /// a restart re-runs it with the same range.
+    #[error("batch {batch_id}: {source}")]
+    SourceInBatch {
+        /// The batch id.
+        batch_id: u64,
+        /// The source's error.
+        #[source]
+        source: Box<lakestream_source::Error>,
+    },
+    /// A source stayed unavailable (broker unreachable, topic missing)
+    /// longer than its `unavailable_timeout`.
+    #[error(
+        "source {source_name}: {what}: still unavailable after {waited:.1?}: {last}; check that \
+         the brokers in LOCATION are reachable and the topics exist, or raise the source's \
+         'unavailable_timeout'"
+    )]
+    SourceUnavailable {
+        /// The source's table name.
+        source_name: String,
+        /// What was being done.
+        what: String,
+        /// How long the query waited.
+        waited: Duration,
+        /// The last error seen.
+        last: Box<lakestream_source::Error>,
+    },
+    /// A bug in lakestream (a panicked task); not caused by the job.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The sink failed: schema mismatch, write or commit error.
     #[error(transparent)]
     Sink(Box<lakestream_sink::Error>),
@@ -106,7 +140,12 @@ impl Error {
                 lakestream_sink::Error::SchemaMismatch { .. }
                     | lakestream_sink::Error::InvalidConfig { .. }
             ),
-            Error::Source(e) => matches!(**e, lakestream_source::Error::InvalidOption { .. }),
+            Error::Source(e) | Error::SourceInBatch { source: e, .. } => {
+                matches!(**e, lakestream_source::Error::InvalidOption { .. })
+            }
+            Error::Checkpoint(e) => {
+                matches!(**e, lakestream_checkpoint::Error::QueryChanged { .. })
+            }
             _ => false,
         }
     }
@@ -142,15 +181,19 @@ impl std::str::FromStr for Trigger {
             "continuous" => Ok(Trigger::Continuous),
             _ => parse_duration(s).map(Trigger::Interval).ok_or_else(|| {
                 format!(
-                    "invalid trigger {s:?}: use an interval like 10s, 500ms or 2m, \
-                     `available-now` or `once`"
+                    "invalid trigger {s:?}: use an interval like 10s, 500ms or 2m (at most a \
+                     year), `available-now` or `once`"
                 )
             }),
         }
     }
 }
 
-/// Parse `500ms`, `10s`, `2m`, `1h` (a bare number is seconds).
+/// The longest duration [`parse_duration`] accepts: a year.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parse `500ms`, `10s`, `2m`, `1h` (a bare number is seconds). `None` for
+/// anything else, including values above [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s
@@ -165,7 +208,10 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         "h" => n * 3600.0,
         _ => return None,
     };
-    (secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+    if !(0.0..=MAX_DURATION.as_secs_f64()).contains(&secs) {
+        return None;
+    }
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 /// Points in the batch protocol where tests inject a crash.
@@ -213,5 +259,28 @@ mod tests {
             Ok(Trigger::Interval(Duration::from_millis(250)))
         );
         assert!("soon".parse::<Trigger>().is_err());
+    }
+
+    #[test]
+    fn huge_and_odd_durations_are_refused_not_panics() {
+        for s in [
+            "99999999999999999999s",
+            "99999999999999999999",
+            "1e400",
+            "400d",
+            "367 h0",
+            "9000000h",
+            "-1s",
+            "",
+            "s",
+            "1.2.3s",
+        ] {
+            assert_eq!(parse_duration(s), None, "{s}");
+            assert!(s.parse::<Trigger>().is_err(), "{s}");
+        }
+        assert_eq!(
+            parse_duration("8760h"),
+            Some(Duration::from_secs(8760 * 3600))
+        );
     }
 }

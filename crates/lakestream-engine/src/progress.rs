@@ -33,6 +33,10 @@ pub struct SourceProgress {
     /// How far the source is through the input it knows of, when it can
     /// tell (files: taken and listed, with bytes).
     pub backlog: Option<lakestream_source::Backlog>,
+    /// Input the batch left out by the user's choice (a vanished file
+    /// with `missing_files 'skip'`), also recorded in the commit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<lakestream_source::Skipped>,
 }
 
 /// What one batch did. Printed per batch by the CLI (`--progress-json`).
@@ -85,6 +89,15 @@ impl BatchProgress {
                 self.output_files
             )
         };
+        let skipped: Vec<String> = self
+            .sources
+            .iter()
+            .flat_map(|(k, v)| {
+                v.skipped
+                    .iter()
+                    .map(move |x| format!("; {k} skipped {}: {}", x.what, x.reason))
+            })
+            .collect();
         let done: Vec<String> = self
             .sources
             .values()
@@ -100,13 +113,14 @@ impl BatchProgress {
             })
             .collect();
         format!(
-            "batch {}{}: {what}, table v{} [{}]{}",
+            "batch {}{}: {what}, table v{} [{}{}]{}",
             self.batch_id,
             if self.recovered { " (recovered)" } else { "" },
             self.table_version
                 .map(|v| v.to_string())
                 .unwrap_or_else(|| "-".into()),
             srcs.join("; "),
+            skipped.concat(),
             done.concat()
         )
     }

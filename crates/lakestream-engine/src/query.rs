@@ -12,7 +12,9 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::execute_stream_partitioned;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
-use lakestream_checkpoint::{Checkpoint, CommitEntry, OffsetsEntry, SourceRange, now_ms};
+use lakestream_checkpoint::{
+    Checkpoint, CommitEntry, OffsetsEntry, QueryRecord, RecordedSource, SourceRange, now_ms,
+};
 use lakestream_sink::{CommitInfo, CommitOutcome, Sink};
 use lakestream_source::Source;
 use tokio::sync::{mpsc, watch};
@@ -30,6 +32,14 @@ enum QuerySpec {
 
 /// Default of [`QueryBuilder::snapshot_interval`].
 pub const DEFAULT_SNAPSHOT_INTERVAL: u64 = 100;
+
+/// Default of [`QueryBuilder::min_batches_to_retain`].
+pub const DEFAULT_MIN_BATCHES_TO_RETAIN: u64 = 100;
+
+/// Progress events a [`QueryHandle`] keeps for a reader of
+/// [`QueryHandle::take_progress_events`] that falls behind (or never
+/// reads); later events are dropped until it catches up.
+pub const PROGRESS_EVENTS_BUFFER: usize = 1024;
 
 /// Builds a streaming query: sources, a query, a sink, a checkpoint, a
 /// trigger.
@@ -65,6 +75,7 @@ pub struct QueryBuilder {
     trigger: Trigger,
     poll: Duration,
     snapshot_interval: u64,
+    min_batches_to_retain: u64,
     fail_point: Option<(FailPoint, u64)>,
     job: Option<lakestream_plan::Job>,
 }
@@ -97,6 +108,7 @@ impl QueryBuilder {
             trigger: Trigger::Continuous,
             poll: Duration::from_millis(200),
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
+            min_batches_to_retain: DEFAULT_MIN_BATCHES_TO_RETAIN,
             fail_point: None,
             job: None,
         }
@@ -185,6 +197,15 @@ impl QueryBuilder {
         self
     }
 
+    /// Keep at least the newest `n` batches' `offsets/N` and `commits/N`
+    /// (default [`DEFAULT_MIN_BATCHES_TO_RETAIN`]); older ones are removed
+    /// once the sources' snapshots cover them, so the checkpoint, and the
+    /// cost of a restart, stay bounded however long the query runs.
+    pub fn min_batches_to_retain(mut self, n: u64) -> Self {
+        self.min_batches_to_retain = n.max(1);
+        self
+    }
+
     /// Stop with [`Error::InjectedFault`] at `point` of batch `batch_id`,
     /// leaving everything written so far in place, as a crash would. For
     /// crash tests.
@@ -210,7 +231,7 @@ impl QueryBuilder {
         let driver = self.prepare().await?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (latest_tx, latest_rx) = watch::channel(None);
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (events_tx, events_rx) = mpsc::channel(PROGRESS_EVENTS_BUFFER);
         let query_id = driver.ckpt.query_id().to_string();
         let join = tokio::spawn(driver.run(stop_rx, latest_tx, events_tx));
         Ok(QueryHandle {
@@ -269,6 +290,25 @@ impl QueryBuilder {
         }
         let output_schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
         let ckpt = Checkpoint::open(&checkpoint, &self.checkpoint_options).await?;
+        // Before the sink creates anything: a checkpoint of another query
+        // would apply its offsets to input they do not describe.
+        let record = QueryRecord::new(
+            self.tables
+                .iter()
+                .map(|t| {
+                    let id = t.source().identity();
+                    (
+                        t.source().name().to_string(),
+                        RecordedSource {
+                            kind: id.kind,
+                            location: id.location,
+                        },
+                    )
+                })
+                .collect(),
+            sink.identity(),
+        );
+        ckpt.check_query(&record).await?;
         sink.open(output_schema).await?;
         Ok(Driver {
             ctx: self.ctx,
@@ -279,6 +319,7 @@ impl QueryBuilder {
             trigger: self.trigger,
             poll: self.poll,
             snapshot_interval: self.snapshot_interval,
+            min_batches_to_retain: self.min_batches_to_retain,
             fail_point: self.fail_point,
         })
     }
@@ -310,7 +351,7 @@ pub struct QueryHandle {
     query_id: String,
     stop: watch::Sender<bool>,
     latest: watch::Receiver<Option<BatchProgress>>,
-    events: Option<mpsc::UnboundedReceiver<BatchProgress>>,
+    events: Option<mpsc::Receiver<BatchProgress>>,
     join: JoinHandle<Result<QuerySummary>>,
 }
 
@@ -326,7 +367,12 @@ impl QueryHandle {
     }
 
     /// Every batch's progress, in order, as a channel (available once).
-    pub fn take_progress_events(&mut self) -> Option<mpsc::UnboundedReceiver<BatchProgress>> {
+    ///
+    /// The channel holds at most [`PROGRESS_EVENTS_BUFFER`] events: while a
+    /// reader is that far behind (or when nobody takes the channel), newer
+    /// events are dropped rather than kept without bound;
+    /// [`QueryHandle::last_progress`] always has the latest.
+    pub fn take_progress_events(&mut self) -> Option<mpsc::Receiver<BatchProgress>> {
         self.events.take()
     }
 
@@ -352,7 +398,10 @@ impl QueryHandle {
         match self.join.await {
             Ok(r) => r,
             Err(e) if e.is_cancelled() => Err(Error::Aborted),
-            Err(e) => Err(Error::Query(format!("the query task panicked: {e}"))),
+            Err(e) => Err(Error::Internal(format!(
+                "the query task panicked: {e}; the checkpoint is consistent and a restart \
+                 resumes the batch in flight; please report this"
+            ))),
         }
     }
 }
@@ -394,6 +443,7 @@ struct Driver {
     trigger: Trigger,
     poll: Duration,
     snapshot_interval: u64,
+    min_batches_to_retain: u64,
     fail_point: Option<(FailPoint, u64)>,
 }
 
@@ -409,7 +459,7 @@ impl Driver {
         self,
         mut stop: watch::Receiver<bool>,
         latest: watch::Sender<Option<BatchProgress>>,
-        events: mpsc::UnboundedSender<BatchProgress>,
+        events: mpsc::Sender<BatchProgress>,
     ) -> Result<QuerySummary> {
         let mut summary = QuerySummary {
             query_id: self.ckpt.query_id().to_string(),
@@ -421,7 +471,9 @@ impl Driver {
             summary.output_rows += p.output_rows;
             summary.last_batch_id = Some(p.batch_id);
             summary.table_version = p.table_version.or(summary.table_version);
-            let _ = events.send(p.clone());
+            // Bounded: a reader that falls behind (or none at all) loses
+            // events, never the query's memory.
+            let _ = events.try_send(p.clone());
             let _ = latest.send(Some(p));
         };
 
@@ -444,6 +496,28 @@ impl Driver {
         } else {
             0
         };
+        // Write-ahead files before the oldest kept one were purged because
+        // snapshots covered them: without a readable snapshot, a source
+        // would take their input again.
+        if let Some(&oldest) = ids.first()
+            && first_needed < oldest
+        {
+            let missing: Vec<&str> = self
+                .tables
+                .iter()
+                .map(|t| t.source().name())
+                .filter(|n| !snapshots.contains_key(*n))
+                .collect();
+            return Err(lakestream_checkpoint::Error::Corrupt {
+                file: format!("{}sources/", self.ckpt.location().url()),
+                reason: format!(
+                    "offsets before batch {oldest} were removed as covered by source \
+                     snapshots, but no readable snapshot is left for {}",
+                    missing.join(", ")
+                ),
+            }
+            .into());
+        }
         let mut ends: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
         let mut last: Option<OffsetsEntry> = None;
         for id in ids
@@ -462,9 +536,11 @@ impl Driver {
         }
         for t in &self.tables {
             let name = t.source().name();
-            if let Some((_, snapshot)) = snapshots.get(name) {
-                t.source().restore(snapshot).await?;
-            }
+            // Always called: it also clears what this source object learned
+            // in an earlier run (an embedder may hand it to a new query).
+            t.source()
+                .restore(snapshots.get(name).map(|(_, s)| s))
+                .await?;
             t.source()
                 .recover(ends.get(name).map(|v| v.as_slice()).unwrap_or(&[]))
                 .await?;
@@ -502,11 +578,13 @@ impl Driver {
                 Some(v) => Some(v),
                 None => {
                     let source = t.source();
-                    let initial =
-                        retry_transient(&name, "resolve starting offsets", &mut stop, || {
-                            source.initial_offset()
-                        })
-                        .await?;
+                    let initial = retry_transient(
+                        source.as_ref(),
+                        "resolve starting offsets",
+                        &mut stop,
+                        || source.initial_offset(),
+                    )
+                    .await?;
                     match initial.flatten() {
                         Some(v) => Some(self.ckpt.init_source_state(&name, "initial", v).await?),
                         None => None,
@@ -520,7 +598,7 @@ impl Driver {
         if matches!(self.trigger, Trigger::AvailableNow) {
             for t in &self.tables {
                 let source = t.source();
-                retry_transient(source.name(), "freeze available data", &mut stop, || {
+                retry_transient(source.as_ref(), "freeze available data", &mut stop, || {
                     source.freeze()
                 })
                 .await?;
@@ -539,7 +617,7 @@ impl Driver {
                 let name = t.source().name().to_string();
                 let start = prev.get(&name).cloned().flatten();
                 let source = t.source();
-                let end = retry_transient(source.name(), "plan", &mut stop, || {
+                let end = retry_transient(source.as_ref(), "plan", &mut stop, || {
                     source.plan(start.as_ref())
                 })
                 .await?
@@ -562,12 +640,9 @@ impl Driver {
                         continue;
                     }
                     Trigger::Interval(d) => {
-                        next_start += d;
                         let now = Instant::now();
-                        if next_start < now {
-                            next_start = now + d;
-                        }
-                        wait(&mut stop, next_start - now).await;
+                        next_start = next_trigger(next_start, d, now);
+                        wait(&mut stop, next_start.saturating_duration_since(now)).await;
                         continue;
                     }
                 }
@@ -590,8 +665,8 @@ impl Driver {
             match self.trigger {
                 Trigger::Once => break,
                 Trigger::Interval(d) => {
-                    next_start += d;
                     let now = Instant::now();
+                    next_start = next_start.checked_add(d).unwrap_or(now);
                     if next_start > now {
                         wait(&mut stop, next_start - now).await;
                     } else {
@@ -608,12 +683,17 @@ impl Driver {
         Ok(summary)
     }
 
-    /// Store each source's summary as of batch `batch_id` (just committed).
-    /// A failure only costs a longer restart: logged, not fatal.
+    /// Store each source's summary as of batch `batch_id` (just committed),
+    /// then remove the write-ahead and commit files that every source's
+    /// oldest kept snapshot covers, keeping the newest
+    /// `min_batches_to_retain`. A failure only costs a longer restart:
+    /// logged, not fatal.
     async fn write_snapshots(&self, batch_id: u64) {
+        let mut all = true;
         for t in &self.tables {
             let source = t.source();
             let Some(snapshot) = source.snapshot() else {
+                all = false;
                 continue;
             };
             if let Err(e) = self
@@ -621,9 +701,41 @@ impl Driver {
                 .write_source_snapshot(source.name(), batch_id, snapshot)
                 .await
             {
+                all = false;
                 tracing::warn!(source = source.name(), batch_id, error = %e, "cannot store the source snapshot; restarts read more of the checkpoint until the next one");
             }
         }
+        if !all {
+            return;
+        }
+        if let Err(e) = self.purge(batch_id).await {
+            tracing::warn!(batch_id, error = %e, "cannot remove old checkpoint files; the next snapshot tries again");
+        }
+    }
+
+    /// Remove `offsets/N` and `commits/N` below both the newest
+    /// `min_batches_to_retain` batches and the oldest snapshot any source
+    /// keeps (a restart that finds the newest snapshot corrupt falls back
+    /// to that one and reads the batches after it).
+    async fn purge(&self, batch_id: u64) -> Result<()> {
+        let mut keep_from = (batch_id + 1).saturating_sub(self.min_batches_to_retain);
+        for t in &self.tables {
+            let ids = self.ckpt.source_snapshot_ids(t.source().name()).await?;
+            match ids.first() {
+                Some(oldest) => keep_from = keep_from.min(oldest + 1),
+                None => return Ok(()),
+            }
+        }
+        let removed = self.ckpt.purge_before(keep_from).await?;
+        if removed > 0 {
+            tracing::debug!(
+                batch_id,
+                keep_from,
+                removed,
+                "removed checkpoint files covered by snapshots"
+            );
+        }
+        Ok(())
     }
 
     async fn run_batch(
@@ -667,6 +779,7 @@ impl Driver {
                         },
                         input_rows: 0,
                         backlog: t.source().backlog(),
+                        skipped: Vec::new(),
                     },
                 );
             }
@@ -698,15 +811,24 @@ impl Driver {
         let staged = self.execute(batch_id, entry.batch_timestamp_ms).await;
         for t in &self.tables {
             if let Some(e) = t.stats().error.lock().expect("stats lock").take() {
-                return Err(Error::Source(Box::new(e)));
+                return Err(Error::SourceInBatch {
+                    batch_id,
+                    source: Box::new(e),
+                });
             }
         }
         let staged = staged?;
+        let mut skipped_input = BTreeMap::new();
         for t in &self.tables {
             let rows = t.stats().rows.load(Ordering::Relaxed);
             progress.input_rows += rows;
+            let skipped = t.source().take_skipped();
             if let Some(p) = progress.sources.get_mut(t.source().name()) {
                 p.input_rows = rows;
+                p.skipped = skipped.clone();
+            }
+            if !skipped.is_empty() {
+                skipped_input.insert(t.source().name().to_string(), skipped);
             }
             t.set_range(None);
         }
@@ -726,6 +848,13 @@ impl Driver {
             )
             .expect("serializable"),
         );
+        if !skipped_input.is_empty() {
+            // An audit of the table's history sees what this batch left out.
+            meta.insert(
+                "skipped".into(),
+                serde_json::to_value(&skipped_input).expect("serializable"),
+            );
+        }
         meta.insert(
             "engine".into(),
             serde_json::json!(concat!("lakestream ", env!("CARGO_PKG_VERSION"))),
@@ -836,11 +965,23 @@ impl Driver {
     }
 }
 
+/// The start of the next interval after `previous`: one interval later, or
+/// one interval from `now` when the query fell behind (a batch that ran
+/// longer than the interval), never an overflow.
+fn next_trigger(previous: Instant, interval: Duration, now: Instant) -> Instant {
+    match previous.checked_add(interval) {
+        Some(t) if t >= now => t,
+        _ => now.checked_add(interval).unwrap_or(now),
+    }
+}
+
 /// Run a source call; while it reports a transient failure (a broker or
-/// store briefly unavailable), wait with backoff, say so, and call again.
-/// Returns `None` when a stop is requested while waiting.
+/// store briefly unavailable), wait with backoff, say so, and call again,
+/// for at most the source's [`Source::unavailable_timeout`]; then fail with
+/// [`Error::SourceUnavailable`]. Returns `None` when a stop is requested
+/// while waiting.
 async fn retry_transient<T, F, Fut>(
-    source: &str,
+    source: &dyn Source,
     what: &str,
     stop: &mut watch::Receiver<bool>,
     mut call: F,
@@ -849,18 +990,31 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = lakestream_source::Result<T>>,
 {
+    let name = source.name();
+    let limit = source.unavailable_timeout();
+    let started = Instant::now();
     let mut delay = Duration::from_millis(250);
     loop {
         match call().await {
             Ok(v) => return Ok(Some(v)),
             Err(e) if e.is_transient() && !*stop.borrow() => {
+                let waited = started.elapsed();
+                if waited >= limit {
+                    return Err(Error::SourceUnavailable {
+                        source_name: name.to_string(),
+                        what: what.to_string(),
+                        waited,
+                        last: Box::new(e),
+                    });
+                }
                 tracing::warn!(
-                    source,
+                    source = name,
                     error = %e,
-                    "{what}: source unavailable; waiting {:?} before trying again",
-                    delay
+                    "{what}: source unavailable; waiting {:?} before trying again (giving up after {:?})",
+                    delay,
+                    limit
                 );
-                wait(stop, delay).await;
+                wait(stop, delay.min(limit - waited)).await;
                 if *stop.borrow() {
                     return Ok(None);
                 }

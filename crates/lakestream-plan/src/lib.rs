@@ -426,7 +426,7 @@ pub fn streaming_plan_problem(
 ) -> Option<String> {
     fn streams_in(plan: &LogicalPlan, is_stream: &dyn Fn(&str) -> bool) -> Vec<String> {
         let mut found = Vec::new();
-        let _ = plan.apply(|node| {
+        let _ = plan.apply_with_subqueries(|node| {
             if let LogicalPlan::TableScan(scan) = node
                 && is_stream(scan.table_name.table())
             {
@@ -436,10 +436,12 @@ pub fn streaming_plan_problem(
         });
         found
     }
-    use datafusion::common::tree_node::TreeNode;
     let mut problem = None;
-    let _ = plan.apply(|node| {
+    // Subqueries in expressions (`IN (SELECT ...)`, scalar subqueries) are
+    // visited too: an aggregate over the stream hides there as well.
+    let _ = plan.apply_with_subqueries(|node| {
         let what = match node {
+            LogicalPlan::Subquery(_) => Some("a subquery"),
             LogicalPlan::Aggregate(_) => Some("an aggregation (GROUP BY or an aggregate function)"),
             LogicalPlan::Window(_) => Some("a window function"),
             LogicalPlan::Sort(_) => Some("ORDER BY"),
@@ -528,5 +530,39 @@ INSERT INTO out SELECT event_id, CAST(ts AS DATE) AS day FROM events WHERE amoun
         .await
         .unwrap_err();
         assert!(err.to_string().contains("nowhere is not declared"), "{err}");
+    }
+
+    async fn plan_of(sql: &str) -> LogicalPlan {
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::datasource::MemTable;
+        use std::sync::Arc;
+        let ctx = datafusion::prelude::SessionContext::new();
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
+        for t in ["e", "u"] {
+            let mem = MemTable::try_new(schema.clone(), vec![vec![]]).unwrap();
+            ctx.register_table(t, Arc::new(mem)).unwrap();
+        }
+        ctx.state().create_logical_plan(sql).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn subqueries_over_the_stream_are_refused_and_over_static_tables_allowed() {
+        let is_stream = |n: &str| n == "e";
+        for sql in [
+            "SELECT a FROM e WHERE a > (SELECT avg(a) FROM e)",
+            "SELECT a FROM u WHERE a IN (SELECT a FROM e)",
+            "SELECT a FROM e WHERE EXISTS (SELECT 1 FROM e AS e2 WHERE e2.a = e.a)",
+        ] {
+            let problem = streaming_plan_problem(&plan_of(sql).await, &is_stream);
+            let problem = problem.unwrap_or_else(|| panic!("not refused: {sql}"));
+            assert!(problem.contains("streaming table e"), "{sql}: {problem}");
+        }
+        for sql in [
+            "SELECT a FROM e WHERE a IN (SELECT a FROM u)",
+            "SELECT a FROM e WHERE a > (SELECT max(a) FROM u)",
+        ] {
+            let problem = streaming_plan_problem(&plan_of(sql).await, &is_stream);
+            assert_eq!(problem, None, "{sql}");
+        }
     }
 }

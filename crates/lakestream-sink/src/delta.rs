@@ -178,6 +178,17 @@ impl DeltaSink {
     /// Nothing is read or created until [`Sink::open`].
     pub fn try_new(location: &str, options: DeltaSinkOptions) -> Result<Self> {
         let location = Location::parse(location, &options.storage_options)?;
+        for (option, value) in [
+            ("target_file_size", options.target_file_size),
+            ("checkpoint_interval", options.checkpoint_interval),
+        ] {
+            if value == 0 {
+                return Err(Error::InvalidConfig {
+                    table: location.url().to_string(),
+                    reason: format!("option {option} must be at least 1"),
+                });
+            }
+        }
         Ok(Self {
             name: location.url().to_string(),
             location,
@@ -945,6 +956,10 @@ impl Sink for DeltaSink {
                 })
             }
         }
+    }
+
+    fn identity(&self) -> String {
+        format!("delta {}", self.location.url())
     }
 
     async fn flush(&self) {

@@ -181,14 +181,25 @@ pub trait Sink: Send + Sync {
     /// Atomically make `staged` visible, recording `info.batch_id` for
     /// `info.query_id`. If the table already holds a batch id `>=` this one
     /// for the query, commits nothing and returns
-    /// [`CommitOutcome::AlreadyCommitted`]. Durable when it returns `Ok`. An
-    /// error means the batch is not in the table; re-running it is safe.
+    /// [`CommitOutcome::AlreadyCommitted`]. Durable when it returns `Ok`.
+    ///
+    /// An error does not say whether the batch is in the table: a commit
+    /// whose request reached the store but whose answer was lost may have
+    /// landed. Either way re-running the batch is safe, since the re-run's
+    /// commit finds the batch id and commits nothing; callers must not
+    /// assume the batch is absent.
     async fn commit(&self, staged: Staged, info: &CommitInfo) -> Result<CommitOutcome>;
 
     /// Wait for the work the sink does off the batch path (a Delta
     /// checkpoint being written). Called when a query stops; a process that
     /// dies instead loses only that work. Failures are the sink's to log.
     async fn flush(&self) {}
+
+    /// What the sink writes to (a table URL, never credentials), recorded in
+    /// the checkpoint when a query first runs: a restart writing elsewhere
+    /// is refused, since the new target would not hold the batches the
+    /// checkpoint marks done.
+    fn identity(&self) -> String;
 
     /// The current table version, if the sink has versions.
     async fn version(&self) -> Result<Option<u64>> {

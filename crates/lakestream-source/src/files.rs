@@ -46,7 +46,9 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::async_reader::ParquetObjectReader;
 use serde::{Deserialize, Serialize};
 
-use crate::{Backlog, BatchStream, Error, Offset, Result, Source};
+use crate::{
+    Backlog, BatchStream, Error, Offset, Result, Skipped, Source, SourceIdentity, require_positive,
+};
 use lakestream_checkpoint::Location;
 
 /// The encoding of the files.
@@ -110,6 +112,32 @@ pub struct FileSourceOptions {
     /// Small files (under 4 MiB on average) read at once within one
     /// partition of a batch; larger files are read one at a time.
     pub read_concurrency: usize,
+    /// What a batch does with a planned file that no longer exists.
+    pub missing_files: MissingFiles,
+}
+
+/// What a batch does with a file it planned that is gone when it runs
+/// (deleted by retention while the query was down, removed by hand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingFiles {
+    /// Fail the batch with [`Error::MissingFile`] naming the file: the
+    /// batch is not committed and a restart tries again.
+    #[default]
+    Fail,
+    /// Commit the batch without the file's rows; the skip is reported
+    /// through [`Source::take_skipped`] (and so in the commit and progress).
+    Skip,
+}
+
+impl MissingFiles {
+    /// The policy for an option value (`fail`, `skip`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "fail" | "error" => Some(Self::Fail),
+            "skip" => Some(Self::Skip),
+            _ => None,
+        }
+    }
 }
 
 /// How JSON and CSV files are compressed.
@@ -169,6 +197,7 @@ impl FileSourceOptions {
             compression: TextCompression::Auto,
             incremental_listing: false,
             read_concurrency: 4,
+            missing_files: MissingFiles::Fail,
         }
     }
 }
@@ -239,6 +268,8 @@ pub struct FileSource {
     glob: Option<glob::Pattern>,
     options: FileSourceOptions,
     state: Mutex<SeenState>,
+    /// Files the reads of the current batch skipped (`missing_files 'skip'`).
+    skipped: Arc<Mutex<Vec<Skipped>>>,
 }
 
 impl FileSource {
@@ -261,6 +292,14 @@ impl FileSource {
             option: option.to_string(),
             reason,
         };
+        require_positive(name, "batch_size", options.batch_size as u64)?;
+        require_positive(name, "read_concurrency", options.read_concurrency as u64)?;
+        if let Some(n) = options.max_files_per_trigger {
+            require_positive(name, "max_files_per_trigger", n as u64)?;
+        }
+        if let Some(n) = options.max_bytes_per_trigger {
+            require_positive(name, "max_bytes_per_trigger", n)?;
+        }
         for p in &options.partition_columns {
             if schema.index_of(p).is_err() {
                 return Err(invalid(
@@ -286,6 +325,7 @@ impl FileSource {
             glob,
             options,
             state: Mutex::new(SeenState::default()),
+            skipped: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -433,11 +473,31 @@ impl FileSource {
         let partitions = self.partition_values(&entry.path);
         let full = self.schema.clone();
         let file = entry.path.clone();
+        let missing = match self.options.missing_files {
+            MissingFiles::Fail => None,
+            MissingFiles::Skip => Some(self.skipped.clone()),
+        };
         let fut = async move {
+            let path = object_path(&entry.path);
+            // The size is re-read rather than taken from the plan: a file
+            // rewritten in place (fixing a malformed record) is read whole.
+            let Some(meta) = present(&name, &entry, store.head(&path).await)? else {
+                return vanished(&name, &entry, missing.as_ref());
+            };
             match format {
                 FileFormat::Parquet => parquet_stream(name, store, entry, schema, batch_size).await,
                 FileFormat::Json | FileFormat::Csv { .. } => {
-                    text_stream(name, store, entry, schema, format, batch_size, compression).await
+                    text_stream(
+                        name,
+                        store,
+                        entry,
+                        meta.size,
+                        schema,
+                        format,
+                        batch_size,
+                        compression,
+                    )
+                    .await
                 }
             }
         };
@@ -530,19 +590,42 @@ impl Source for FileSource {
         Some(serde_json::to_value(snap).expect("snapshot serializes"))
     }
 
-    async fn restore(&self, snapshot: &Offset) -> Result<()> {
-        let snap: SeenSnapshot =
-            serde_json::from_value(snapshot.clone()).map_err(|e| Error::InvalidOffset {
-                source_name: self.name.clone(),
-                offset: "seen-files snapshot".into(),
-                reason: e.to_string(),
-            })?;
+    async fn restore(&self, snapshot: Option<&Offset>) -> Result<()> {
+        let snap: Option<SeenSnapshot> = match snapshot {
+            None => None,
+            Some(v) => {
+                Some(
+                    serde_json::from_value(v.clone()).map_err(|e| Error::InvalidOffset {
+                        source_name: self.name.clone(),
+                        offset: "seen-files snapshot".into(),
+                        reason: e.to_string(),
+                    })?,
+                )
+            }
+        };
+        // Everything is replaced: files an earlier plan took without a
+        // durable write-ahead must be taken again.
         let mut state = self.state.lock().expect("file source state");
-        state.done_files = snap.files.len() as u64;
-        state.done_bytes = snap.bytes;
-        state.max_path = snap.max_path;
-        state.seen = snap.files.into_iter().collect();
+        *state = SeenState::default();
+        if let Some(snap) = snap {
+            state.done_files = snap.files.len() as u64;
+            state.done_bytes = snap.bytes;
+            state.max_path = snap.max_path;
+            state.seen = snap.files.into_iter().collect();
+        }
+        self.skipped.lock().expect("skipped files").clear();
         Ok(())
+    }
+
+    fn take_skipped(&self) -> Vec<Skipped> {
+        std::mem::take(&mut *self.skipped.lock().expect("skipped files"))
+    }
+
+    fn identity(&self) -> SourceIdentity {
+        SourceIdentity {
+            kind: "files".into(),
+            location: self.location.url().to_string(),
+        }
     }
 
     fn backlog(&self) -> Option<Backlog> {
@@ -874,18 +957,14 @@ async fn text_stream(
     name: String,
     store: Arc<dyn ObjectStore>,
     entry: FileEntry,
+    size: u64,
     schema: SchemaRef,
     format: FileFormat,
     batch_size: usize,
     compression: TextCompression,
 ) -> Result<BatchStream> {
     let path = object_path(&entry.path);
-    // The size is re-read rather than taken from the plan: a file rewritten
-    // in place (fixing a malformed record) is read whole.
-    let Some(meta) = present(&name, &entry, store.head(&path).await)? else {
-        return Ok(vanished(&name, &entry));
-    };
-    let chunks = decompressed(ranged_chunks(store.clone(), path, meta.size), compression);
+    let chunks = decompressed(ranged_chunks(store.clone(), path, size), compression);
     let decoder =
         TextDecoder::new(&format, schema.clone(), batch_size).map_err(|reason| Error::Schema {
             source_name: name.clone(),
@@ -1045,16 +1124,32 @@ fn present<T>(name: &str, entry: &FileEntry, r: object_store::Result<T>) -> Resu
     }
 }
 
-/// A file planned into a batch that is gone when the batch runs: the user
-/// removed it (for example a malformed file, before restarting). Its rows are
-/// not in the table; say so loudly rather than fail forever.
-fn vanished(name: &str, entry: &FileEntry) -> BatchStream {
+/// A file planned into a batch that is gone when the batch runs (retention
+/// deleted it while the query was down, or the user removed it). Without
+/// `skip` the batch fails naming the file: committing it would lose the
+/// file's rows silently. With `skip` the file is left out, loudly, and
+/// recorded for the commit.
+fn vanished(
+    name: &str,
+    entry: &FileEntry,
+    skip: Option<&Arc<Mutex<Vec<Skipped>>>>,
+) -> Result<BatchStream> {
+    let Some(skipped) = skip else {
+        return Err(Error::MissingFile {
+            source_name: name.to_string(),
+            file: entry.path.clone(),
+        });
+    };
     tracing::warn!(
         source = name,
         file = %entry.path,
-        "a file planned into this batch no longer exists; its rows are skipped"
+        "a file planned into this batch no longer exists; its rows are skipped (missing_files = skip)"
     );
-    stream::empty().boxed()
+    skipped.lock().expect("skipped files").push(Skipped {
+        what: entry.path.clone(),
+        reason: "planned but no longer exists (missing_files = skip)".into(),
+    });
+    Ok(stream::empty().boxed())
 }
 
 /// Turn a decode error into one naming the line: re-read the file (this is
@@ -1138,9 +1233,6 @@ async fn parquet_stream(
         line: None,
         reason,
     };
-    if present(&name, &entry, store.head(&path).await)?.is_none() {
-        return Ok(vanished(&name, &entry));
-    }
     let reader = ParquetObjectReader::new(store, path).with_file_size(entry.size);
     let builder = ParquetRecordBatchStreamBuilder::new(reader)
         .await

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream;
 
-use crate::{BatchStream, Error, Offset, Result, Source};
+use crate::{BatchStream, Error, Offset, Result, Source, SourceIdentity, require_positive};
 
 /// Event types the generator draws from.
 pub const EVENT_TYPES: [&str; 4] = ["view", "click", "cart", "purchase"];
@@ -67,6 +67,13 @@ impl GeneratorSource {
                 option: "rows".into(),
                 reason: "an endless generator needs rows_per_second".into(),
             });
+        }
+        require_positive(name, "batch_size", options.batch_size as u64)?;
+        if let Some(n) = options.rows_per_second {
+            require_positive(name, "rows_per_second", n)?;
+        }
+        if let Some(n) = options.max_rows_per_trigger {
+            require_positive(name, "max_rows_per_trigger", n)?;
         }
         Ok(Self {
             name: name.to_string(),
@@ -172,6 +179,19 @@ impl Source for GeneratorSource {
         Ok(())
     }
 
+    async fn restore(&self, _snapshot: Option<&Offset>) -> Result<()> {
+        // A bound frozen by an earlier available-now run must not cap this one.
+        *self.frozen.lock().expect("generator state") = None;
+        Ok(())
+    }
+
+    fn identity(&self) -> SourceIdentity {
+        SourceIdentity {
+            kind: "generator".into(),
+            location: String::new(),
+        }
+    }
+
     async fn freeze(&self) -> Result<()> {
         *self.frozen.lock().expect("generator state") = Some(self.available());
         Ok(())
@@ -184,7 +204,7 @@ impl Source for GeneratorSource {
             end = end.min(f);
         }
         if let Some(cap) = self.options.max_rows_per_trigger {
-            end = end.min(start + cap);
+            end = end.min(start.saturating_add(cap));
         }
         Ok((end > start).then(|| serde_json::json!(end)))
     }

@@ -34,7 +34,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
-use crate::{BatchStream, Error, Offset, Result, Source};
+use crate::{BatchStream, Error, Offset, Result, Source, SourceIdentity, require_positive};
 
 /// How record values are turned into columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,8 +79,88 @@ pub enum Topics {
     Pattern(regex::Regex),
 }
 
+/// Which records a read sees of topics written by transactional producers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IsolationLevel {
+    /// Only records of committed transactions; planning stops at the last
+    /// stable offset, so a batch never waits on an open transaction.
+    #[default]
+    ReadCommitted,
+    /// Every record, including those of open transactions that may still be
+    /// aborted: aborted records then reach the table, and a batch planned
+    /// before the abort holds them. For topics without transactional
+    /// producers only.
+    ReadUncommitted,
+}
+
+impl IsolationLevel {
+    /// The level for an option value (`read_committed`, `read_uncommitted`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "read_committed" => Some(Self::ReadCommitted),
+            "read_uncommitted" => Some(Self::ReadUncommitted),
+            _ => None,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadCommitted => "read_committed",
+            Self::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
+/// librdkafka settings the exactly-once reader owns: a value given by the
+/// user would let a read start elsewhere than planned (`auto.offset.reset`),
+/// commit offsets behind the checkpoint's back, or change which records a
+/// planned range holds. Refused by [`KafkaSource::try_new`]; the reason
+/// says what to use instead.
+pub const RESERVED_CLIENT_KEYS: &[(&str, &str)] = &[
+    (
+        "auto.offset.reset",
+        "a planned offset that is gone must fail or be handled by 'fail_on_data_loss', never \
+         silently jump",
+    ),
+    (
+        "isolation.level",
+        "use the table option 'isolation_level' ('read_committed' or 'read_uncommitted')",
+    ),
+    (
+        "enable.auto.commit",
+        "offsets live in the checkpoint; use 'commit_offsets_to_group' to report them to a \
+         consumer group for monitoring",
+    ),
+    (
+        "enable.auto.offset.store",
+        "offsets live in the checkpoint; use 'commit_offsets_to_group' to report them to a \
+         consumer group for monitoring",
+    ),
+    (
+        "group.id",
+        "the reader assigns partitions by explicit offsets and never uses a group; use \
+         'commit_offsets_to_group' to report offsets to a group for monitoring",
+    ),
+    (
+        "group.instance.id",
+        "the reader assigns partitions by explicit offsets and never joins a group",
+    ),
+    (
+        "enable.partition.eof",
+        "the reader decides where a range ends",
+    ),
+    (
+        "bootstrap.servers",
+        "give the brokers in the table's LOCATION (kafka://HOST:PORT/TOPIC)",
+    ),
+    (
+        "metadata.broker.list",
+        "give the brokers in the table's LOCATION (kafka://HOST:PORT/TOPIC)",
+    ),
+];
+
 /// Settings of a [`KafkaSource`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct KafkaSourceOptions {
     /// `bootstrap.servers`.
     pub bootstrap_servers: String,
@@ -97,10 +177,15 @@ pub struct KafkaSourceOptions {
     pub max_offsets_per_trigger: Option<u64>,
     /// Fail when planned offsets are gone (default); `false` skips forward.
     pub fail_on_data_loss: bool,
+    /// Which records of transactional producers are read.
+    pub isolation_level: IsolationLevel,
     /// A planned range not read within this time fails the batch.
     pub read_timeout: Duration,
     /// Timeout of one metadata or watermark request.
     pub request_timeout: Duration,
+    /// How long starting and planning retry an unreachable broker or a
+    /// missing topic before the query fails.
+    pub unavailable_timeout: Duration,
     /// Commit each batch's end offsets to this consumer group, for lag
     /// monitoring only (never read back).
     pub commit_group: Option<String>,
@@ -127,13 +212,96 @@ impl KafkaSourceOptions {
             ending_offsets: None,
             max_offsets_per_trigger: None,
             fail_on_data_loss: true,
+            isolation_level: IsolationLevel::ReadCommitted,
             read_timeout: Duration::from_secs(120),
             request_timeout: Duration::from_secs(10),
+            unavailable_timeout: crate::DEFAULT_UNAVAILABLE_TIMEOUT,
             commit_group: None,
             client_config: BTreeMap::new(),
             batch_size: 8192,
             consumers: 1,
         }
+    }
+}
+
+/// Settings may hold secrets (`sasl.password`, `ssl.key.password`, ...):
+/// their values are never shown.
+impl std::fmt::Debug for KafkaSourceOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let config: BTreeMap<&str, &str> = self
+            .client_config
+            .iter()
+            .map(|(k, v)| {
+                let shown = if is_secret_key(k) {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("KafkaSourceOptions")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topics", &self.topics)
+            .field("format", &self.format)
+            .field("starting_offsets", &self.starting_offsets)
+            .field("ending_offsets", &self.ending_offsets)
+            .field("max_offsets_per_trigger", &self.max_offsets_per_trigger)
+            .field("fail_on_data_loss", &self.fail_on_data_loss)
+            .field("isolation_level", &self.isolation_level)
+            .field("read_timeout", &self.read_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("unavailable_timeout", &self.unavailable_timeout)
+            .field("commit_group", &self.commit_group)
+            .field("client_config", &config)
+            .field("batch_size", &self.batch_size)
+            .field("consumers", &self.consumers)
+            .finish()
+    }
+}
+
+/// The longest `read_timeout` / `request_timeout` accepted (librdkafka
+/// takes timeouts as 32-bit milliseconds).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+impl KafkaSourceOptions {
+    /// Check the settings: counts at least 1, timeouts within
+    /// (0, [`MAX_TIMEOUT`]], no [`RESERVED_CLIENT_KEYS`].
+    pub fn validate(&self, source_name: &str) -> Result<()> {
+        let invalid = |option: &str, reason: String| Error::InvalidOption {
+            source_name: source_name.to_string(),
+            option: option.to_string(),
+            reason,
+        };
+        require_positive(source_name, "batch_size", self.batch_size as u64)?;
+        require_positive(source_name, "consumers", self.consumers as u64)?;
+        if let Some(n) = self.max_offsets_per_trigger {
+            require_positive(source_name, "max_offsets_per_trigger", n)?;
+        }
+        for (option, d) in [
+            ("read_timeout", self.read_timeout),
+            ("request_timeout", self.request_timeout),
+            ("unavailable_timeout", self.unavailable_timeout),
+        ] {
+            if d.is_zero() || d > MAX_TIMEOUT {
+                return Err(invalid(
+                    option,
+                    format!("{d:?} is out of range: give a duration above 0 and at most 24h"),
+                ));
+            }
+        }
+        for key in self.client_config.keys() {
+            let k = key.to_ascii_lowercase();
+            if let Some((_, why)) = RESERVED_CLIENT_KEYS.iter().find(|(r, _)| *r == k) {
+                return Err(invalid(
+                    &format!("kafka.{key}"),
+                    format!(
+                        "the exactly-once reader sets {k} itself and it cannot be changed: {why}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -255,6 +423,7 @@ impl KafkaSource {
         value_schema: Option<SchemaRef>,
         options: KafkaSourceOptions,
     ) -> Result<Self> {
+        options.validate(name)?;
         let value_schema = match options.format {
             ValueFormat::Json => value_schema.ok_or_else(|| Error::InvalidOption {
                 source_name: name.to_string(),
@@ -369,7 +538,7 @@ fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false")
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", o.isolation_level.as_str())
         // A planned offset that no longer exists must be an error, never a
         // silent jump.
         .set("auto.offset.reset", "error")
@@ -487,6 +656,32 @@ impl Source for KafkaSource {
             self.parse(e)?;
         }
         Ok(())
+    }
+
+    async fn restore(&self, _snapshot: Option<&Offset>) -> Result<()> {
+        // A bound frozen by an earlier available-now run (or watermarks of an
+        // earlier start) must not cap this run.
+        *self.state.lock().expect("kafka state") = KafkaState::default();
+        Ok(())
+    }
+
+    fn unavailable_timeout(&self) -> Duration {
+        self.options.unavailable_timeout
+    }
+
+    fn identity(&self) -> SourceIdentity {
+        let location = match &self.options.topics {
+            Topics::List(list) => {
+                let mut l = list.clone();
+                l.sort();
+                format!("topics {}", l.join(","))
+            }
+            Topics::Pattern(re) => format!("topic pattern {}", re.as_str()),
+        };
+        SourceIdentity {
+            kind: "kafka".into(),
+            location,
+        }
     }
 
     async fn freeze(&self) -> Result<()> {
@@ -768,10 +963,15 @@ impl KafkaSource {
         let topics = self.options.topics.clone();
         let timeout = self.options.request_timeout;
         let name = self.name.clone();
+        let what = format!(
+            "read metadata and watermarks of {} from brokers {}",
+            self.identity().location,
+            self.options.bootstrap_servers
+        );
         tokio::task::spawn_blocking(move || {
             fetch_watermarks(&consumer, &topics, timeout).map_err(|e| Error::Kafka {
                 source_name: name,
-                what: "read topic metadata and watermarks".into(),
+                what,
                 transient: is_transient(&e),
                 reason: e.to_string(),
             })

@@ -78,8 +78,9 @@ pub enum Error {
     },
     /// A record could not be decoded.
     #[error(
-        "source {source_name}: malformed input in {file}{}: {reason}; fix or remove the file \
-         and restart: the checkpoint still points at this batch",
+        "source {source_name}: malformed input in {file}{}: {reason}; fix the file and \
+         restart (the checkpoint still points at this batch), or remove it and restart with \
+         OPTIONS ('missing_files' 'skip')",
         line.map(|l| format!(" at line {l}")).unwrap_or_default()
     )]
     Malformed {
@@ -133,6 +134,18 @@ pub enum Error {
         #[source]
         source: object_store::Error,
     },
+    /// A file planned into a batch no longer exists when the batch runs.
+    #[error(
+        "source {source_name}: {file} was planned into this batch but no longer exists; \
+         restore the file and restart, or set OPTIONS ('missing_files' 'skip') to commit the \
+         batch without its rows (the skip is recorded in the commit and in progress)"
+    )]
+    MissingFile {
+        /// The source's table name.
+        source_name: String,
+        /// The file (URL or path).
+        file: String,
+    },
     /// A location could not be resolved.
     #[error("source {source_name}: {source}")]
     Location {
@@ -176,6 +189,45 @@ pub struct Backlog {
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Something a read left out of a batch on purpose, by the user's choice
+/// (a vanished file with `missing_files 'skip'`). The engine records it in
+/// the batch's commit and progress so an audit can see it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Skipped {
+    /// What was left out (a file path, a partition range).
+    pub what: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// What a source reads, for the checkpoint's record of the query: a restart
+/// whose sources read something else is refused, since its offsets would
+/// not mean the same.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceIdentity {
+    /// The kind of source (`files`, `kafka`, `generator`).
+    pub kind: String,
+    /// What it reads in that kind's terms: a location URL, a topic list or
+    /// pattern. Never holds credentials.
+    pub location: String,
+}
+
+/// Default of [`Source::unavailable_timeout`]: five minutes.
+pub const DEFAULT_UNAVAILABLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Refuse a zero for an option that counts something per batch or per
+/// read: a zero would stop a query after no batch or spin without end.
+pub fn require_positive(source_name: &str, option: &str, value: u64) -> Result<()> {
+    if value == 0 {
+        return Err(Error::InvalidOption {
+            source_name: source_name.to_string(),
+            option: option.to_string(),
+            reason: "must be at least 1".into(),
+        });
+    }
+    Ok(())
+}
+
 /// A stream of record batches from a source.
 pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
 
@@ -184,8 +236,9 @@ pub type Offset = serde_json::Value;
 
 /// A streaming source of record batches.
 ///
-/// The engine calls the methods in this order: [`Source::recover`] once with
-/// the ends of every batch planned before, then per batch [`Source::plan`],
+/// The engine calls the methods in this order: [`Source::restore`] once (with
+/// the newest snapshot, if any) and [`Source::recover`] once with the ends of
+/// the batches planned after it, then per batch [`Source::plan`],
 /// (write-ahead in the checkpoint), [`Source::read`] (possibly more than once
 /// for the same range after a failure) and finally [`Source::committed`].
 /// Implementations must be deterministic: `read(start, end)` returns the same
@@ -225,10 +278,33 @@ pub trait Source: Send + Sync + Debug {
         Some(Offset::Null)
     }
 
-    /// Start from a summary [`Source::snapshot`] returned; [`Source::recover`]
-    /// follows with the ends of the batches planned after it.
-    async fn restore(&self, _snapshot: &Offset) -> Result<()> {
-        Ok(())
+    /// Forget everything learned since this source was created (files
+    /// taken by plans whose write-ahead never became durable, a frozen
+    /// bound of an earlier run) and start from a summary
+    /// [`Source::snapshot`] returned, or from nothing when `snapshot` is
+    /// `None`; [`Source::recover`] follows with the ends of the batches
+    /// planned after it. Called at every start of a query, so a source
+    /// object can be handed to a new query after a failed one without
+    /// losing input.
+    async fn restore(&self, snapshot: Option<&Offset>) -> Result<()>;
+
+    /// What the reads of the last batch left out by the user's choice
+    /// (drained: a second call returns nothing). Called by the engine after
+    /// a batch executed, before its commit. The default: nothing.
+    fn take_skipped(&self) -> Vec<Skipped> {
+        Vec::new()
+    }
+
+    /// What this source reads, recorded in the checkpoint when the query
+    /// first runs and compared at every restart.
+    fn identity(&self) -> SourceIdentity;
+
+    /// How long the engine keeps retrying this source's transient failures
+    /// ([`Error::is_transient`]: a broker down, a topic not there yet) while
+    /// starting or planning before it fails the query. Default
+    /// [`DEFAULT_UNAVAILABLE_TIMEOUT`].
+    fn unavailable_timeout(&self) -> std::time::Duration {
+        DEFAULT_UNAVAILABLE_TIMEOUT
     }
 
     /// How much of the known input is done, for progress display: `None`

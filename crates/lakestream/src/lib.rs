@@ -42,9 +42,10 @@
 //! - [`job`]: running a SQL job file.
 
 pub use lakestream_engine::{
-    BatchProgress, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error, FailPoint, QueryBuilder,
-    QueryHandle, QuerySummary, Result, SourceProgress, StopHandle, Trigger, checkpoint, job,
-    parse_duration, plan, sink, source,
+    BatchProgress, DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error,
+    FailPoint, MAX_DURATION, PROGRESS_EVENTS_BUFFER, QueryBuilder, QueryHandle, QuerySummary,
+    Result, SourceProgress, StopHandle, Trigger, checkpoint, job, parse_duration, plan, sink,
+    source,
 };
 
 /// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own

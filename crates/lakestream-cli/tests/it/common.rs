@@ -76,6 +76,23 @@ pub(crate) fn meta_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> serde_j
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// The commitInfo of every commit of the table at `table`, newest first,
+/// read by Python.
+pub(crate) fn history_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> Vec<serde_json::Value> {
+    let o = Command::new(python())
+        .arg(root().join("tests/py/read_delta.py"))
+        .arg(table)
+        .arg("--history")
+        .output()
+        .expect("run python");
+    assert!(o.status.success(), "python reader failed: {}", text(&o));
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// Rows of `sql` through `lakestream query --format json`.
 pub(crate) fn query(dir: &Path, sql: &str) -> Vec<serde_json::Value> {
     let o = run_in(dir, &["query", "--format", "json", sql]);

@@ -158,7 +158,7 @@ fn malformed_input_fails_the_batch_naming_file_and_line_then_a_fix_continues() {
 }
 
 #[test]
-fn removing_a_malformed_file_lets_the_job_continue_without_it() {
+fn a_planned_file_that_vanished_fails_the_batch_unless_skipping_is_asked_for() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let input = dir.join("in");
@@ -168,13 +168,62 @@ fn removing_a_malformed_file_lets_the_job_continue_without_it() {
     let o = run_once(dir, "job.sql");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(stderr(&o).contains("zz-bad.json"), "{}", text(&o));
+    let version_before = meta_py(&dir.join("out"))["version"].clone();
+
+    // The file planned into batch 1 is removed: committing the batch without
+    // it would lose its rows silently, so the batch fails, naming both.
     std::fs::remove_file(input.join("zz-bad.json")).unwrap();
     let o = run_once(dir, "job.sql");
-    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let msg = stderr(&o);
     assert!(
-        stderr(&o).contains("no longer exists"),
-        "the skip is reported: {}",
+        msg.contains("batch 1") && msg.contains("zz-bad.json") && msg.contains("no longer exists"),
+        "{}",
         text(&o)
+    );
+    assert!(msg.contains("missing_files"), "says what to do: {msg}");
+    assert_eq!(meta_py(&dir.join("out"))["version"], version_before);
+
+    // Asked for, the skip commits the batch and is recorded: in progress and
+    // in the commit's commitInfo, where an audit of the table finds it.
+    let skipping = events_job(&input, &dir.join("out"), 1)
+        .replace("OPTIONS (", "OPTIONS ('missing_files' 'skip', ");
+    std::fs::write(dir.join("job.sql"), skipping).unwrap();
+    let o = run_in(
+        dir,
+        &[
+            "run",
+            "job.sql",
+            "--checkpoint",
+            "ckpt",
+            "--trigger",
+            "available-now",
+            "--progress-json",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let progress: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(progress.len(), 1, "{}", text(&o));
+    let skipped = &progress[0]["sources"]["events"]["skipped"];
+    assert!(
+        skipped.to_string().contains("zz-bad.json"),
+        "progress names the skipped file: {}",
+        text(&o)
+    );
+    assert!(stderr(&o).contains("skipped"), "{}", text(&o));
+    let history = history_py(&dir.join("out"));
+    assert!(
+        history[0].to_string().contains("zz-bad.json"),
+        "the newest commit records the skip: {}",
+        history[0]
+    );
+    assert!(
+        !history[1].to_string().contains("zz-bad.json"),
+        "only the batch that skipped records it: {}",
+        history[1]
     );
     // Later files are still taken.
     expected.extend(write_events(&input, 1, 1, 10));
@@ -182,6 +231,244 @@ fn removing_a_malformed_file_lets_the_job_continue_without_it() {
     assert!(o.status.success(), "{}", text(&o));
     expected.sort();
     assert_eq!(ids(&read_py(&dir.join("out"))), expected);
+}
+
+#[test]
+fn bad_option_values_are_refused_with_exit_2_before_anything_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    write_events(&input, 0, 2, 10);
+    let job = events_job(&input, &dir.join("out"), 1);
+    let cases = [
+        (
+            "'max_files_per_trigger' '1'",
+            "'max_files_per_trigger' '0'",
+            "max_files_per_trigger",
+        ),
+        (
+            "'max_files_per_trigger' '1'",
+            "'batch_size' '0'",
+            "batch_size",
+        ),
+        (
+            "'max_files_per_trigger' '1'",
+            "'max_bytes_per_trigger' '0'",
+            "max_bytes_per_trigger",
+        ),
+        (
+            "'max_files_per_trigger' '1'",
+            "'read_concurrency' '0'",
+            "read_concurrency",
+        ),
+        (
+            "'max_files_per_trigger' '1'",
+            "'missing_files' 'maybe'",
+            "missing_files",
+        ),
+        (
+            "'max_files_per_trigger' '1'",
+            "'max_files_per_trigger' '99999999999999999999999'",
+            "max_files_per_trigger",
+        ),
+        (
+            "PARTITIONED BY (day)",
+            "PARTITIONED BY (day) OPTIONS ('target_file_size' '0')",
+            "target_file_size",
+        ),
+    ];
+    for (from, to, word) in cases {
+        std::fs::write(dir.join("job.sql"), job.replace(from, to)).unwrap();
+        let o = run_once(dir, "job.sql");
+        assert_eq!(o.status.code(), Some(2), "{to}: {}", text(&o));
+        assert!(stderr(&o).contains(word), "{to}: {}", text(&o));
+        assert!(
+            !dir.join("out/_delta_log").exists(),
+            "{to}: a table was created"
+        );
+    }
+    // CSV options are checked, not guessed.
+    let csv = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE e (a VARCHAR) STORED AS CSV LOCATION '{}' OPTIONS (X);\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}';\n\
+         INSERT INTO out SELECT a FROM e;\n",
+        input.display(),
+        dir.join("out").display()
+    );
+    for (opts, word) in [
+        ("'has_header' 'yes'", "has_header"),
+        ("'delimiter' ''", "delimiter"),
+        ("'delimiter' ';;'", "delimiter"),
+    ] {
+        std::fs::write(dir.join("job.sql"), csv.replace("X", opts)).unwrap();
+        let o = run_once(dir, "job.sql");
+        assert_eq!(o.status.code(), Some(2), "{opts}: {}", text(&o));
+        assert!(stderr(&o).contains(word), "{opts}: {}", text(&o));
+    }
+    // Triggers and durations out of range: an error, not a panic.
+    std::fs::write(dir.join("job.sql"), &job).unwrap();
+    for trigger in ["99999999999999999999s", "1e400", "400000000h"] {
+        let o = run_in(
+            dir,
+            &[
+                "run",
+                "job.sql",
+                "--checkpoint",
+                "ckpt",
+                "--trigger",
+                trigger,
+            ],
+        );
+        assert_eq!(o.status.code(), Some(2), "{trigger}: {}", text(&o));
+        assert!(!stderr(&o).contains("panicked"), "{trigger}: {}", text(&o));
+    }
+}
+
+#[test]
+fn kafka_settings_the_reader_owns_are_refused_before_any_broker_is_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for (key, value) in [
+        ("kafka.auto.offset.reset", "earliest"),
+        ("kafka.auto.offset.reset", "latest"),
+        ("kafka.isolation.level", "read_uncommitted"),
+        ("kafka.enable.auto.commit", "true"),
+        ("kafka.enable.auto.offset.store", "true"),
+        ("kafka.group.id", "mine"),
+        ("kafka.ENABLE.AUTO.COMMIT", "true"),
+    ] {
+        // Port 1 on loopback: nothing listens, so a run that asked a broker
+        // would hang in retries instead of exiting at once.
+        let job = format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders STORED AS KAFKA \
+             LOCATION 'kafka://127.0.0.1:1/orders' OPTIONS ('format' 'string', '{key}' '{value}');\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}';\n\
+             INSERT INTO out SELECT value FROM orders;\n",
+            dir.join("out").display()
+        );
+        std::fs::write(dir.join("job.sql"), job).unwrap();
+        let started = Instant::now();
+        let o = run_once(dir, "job.sql");
+        assert_eq!(o.status.code(), Some(2), "{key}: {}", text(&o));
+        let msg = stderr(&o);
+        assert!(
+            msg.contains(key.strip_prefix("kafka.").unwrap()) || msg.contains(key),
+            "{key}: {msg}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{key}: refused only after {:?}",
+            started.elapsed()
+        );
+        assert!(
+            !dir.join("out/_delta_log").exists(),
+            "{key}: a table was created"
+        );
+    }
+    // What a user legitimately wants has its own option.
+    let job = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE orders STORED AS KAFKA \
+         LOCATION 'kafka://127.0.0.1:1/orders' OPTIONS ('format' 'string', 'isolation_level' 'sometimes');\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}';\n\
+         INSERT INTO out SELECT value FROM orders;\n",
+        dir.join("out").display()
+    );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let o = run_once(dir, "job.sql");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(stderr(&o).contains("read_uncommitted"), "{}", text(&o));
+}
+
+#[test]
+fn an_unreachable_broker_fails_after_the_configured_wait_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Nothing listens on port 1 of loopback.
+    let job = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE orders STORED AS KAFKA \
+         LOCATION 'kafka://127.0.0.1:1/orders' OPTIONS ('format' 'string', \
+         'unavailable_timeout' '2s', 'request_timeout' '1s');\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}';\n\
+         INSERT INTO out SELECT value FROM orders;\n",
+        dir.join("out").display()
+    );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let started = Instant::now();
+    let o = run_once(dir, "job.sql");
+    let took = started.elapsed();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let msg = stderr(&o);
+    assert!(
+        msg.contains("127.0.0.1:1") && msg.contains("still unavailable after"),
+        "{}",
+        text(&o)
+    );
+    assert!(msg.contains("waiting"), "the wait is logged: {}", text(&o));
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(60),
+        "gave up after {took:?}"
+    );
+}
+
+#[test]
+fn a_restart_with_other_sources_or_another_table_is_refused_and_a_new_filter_is_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    write_events(&input, 0, 2, 10);
+    let job = events_job(&input, &dir.join("out"), 1);
+    std::fs::write(dir.join("job.sql"), &job).unwrap();
+    let o = run_once(dir, "job.sql");
+    assert!(o.status.success(), "{}", text(&o));
+    let before = meta_py(&dir.join("out"));
+    write_events(&input, 2, 1, 10);
+
+    let other = dir.join("other");
+    write_events(&other, 0, 1, 10);
+    let cases = [
+        (job.replace("events", "clicks"), "source clicks"),
+        (
+            job.replace(&input.display().to_string(), &other.display().to_string()),
+            "now reads files",
+        ),
+        (
+            job.replace(
+                &dir.join("out").display().to_string(),
+                &dir.join("out2").display().to_string(),
+            ),
+            "the output was",
+        ),
+    ];
+    for (changed, word) in cases {
+        std::fs::write(dir.join("job.sql"), &changed).unwrap();
+        let o = run_once(dir, "job.sql");
+        assert_eq!(o.status.code(), Some(2), "{word}: {}", text(&o));
+        let msg = stderr(&o);
+        assert!(msg.contains(word), "{word}: {msg}");
+        assert!(
+            msg.contains("new --checkpoint"),
+            "{word}: says what to do: {msg}"
+        );
+        assert_eq!(
+            meta_py(&dir.join("out")),
+            before,
+            "{word}: the table changed"
+        );
+        assert!(
+            !dir.join("out2").exists(),
+            "{word}: another table was created"
+        );
+    }
+    // A changed filter keeps the offsets' meaning: allowed, and only the new
+    // file is read.
+    std::fs::write(
+        dir.join("job.sql"),
+        job.replace("WHERE amount > 0", "WHERE amount > 2"),
+    )
+    .unwrap();
+    let o = run_once(dir, "job.sql");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(stderr(&o).contains("1 batches"), "{}", text(&o));
 }
 
 #[test]

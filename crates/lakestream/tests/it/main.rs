@@ -3,6 +3,7 @@
 
 mod api;
 mod common;
+mod hardening;
 mod kafka_faults;
 mod sink;
 mod snapshots;
