@@ -64,6 +64,7 @@ const FILE_OPTIONS: &[&str] = &[
     "incremental_listing",
     "read_concurrency",
     "missing_files",
+    "max_file_age",
 ];
 /// Options of a generator table.
 const GENERATOR_OPTIONS: &[&str] = &[
@@ -442,6 +443,22 @@ async fn stream_source(job: &Job, t: &TableDecl, options: &JobOptions) -> Result
     }
     if let Some(n) = opt_num(job, t, "read_concurrency")? {
         fo.read_concurrency = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if let Some(v) = t.options.get("max_file_age") {
+        let d = crate::parse_duration(v)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| -> Error {
+                job.error(
+                    t.pos,
+                    format!(
+                        "max_file_age {v:?} for {}: give a duration above 0 and at most a year, \
+                     such as 7d or 12h",
+                        t.name
+                    ),
+                )
+                .into()
+            })?;
+        fo.max_file_age_ms = Some(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     }
     if let Some(v) = t.options.get("missing_files") {
         fo.missing_files = MissingFiles::from_name(v).ok_or_else(|| -> Error {

@@ -192,7 +192,7 @@ impl std::str::FromStr for Trigger {
 /// The longest duration [`parse_duration`] accepts: a year.
 pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// Parse `500ms`, `10s`, `2m`, `1h` (a bare number is seconds). `None` for
+/// Parse `500ms`, `10s`, `2m`, `1h`, `7d` (a bare number is seconds). `None` for
 /// anything else, including values above [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
@@ -206,6 +206,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         "" | "s" => n,
         "m" | "min" => n * 60.0,
         "h" => n * 3600.0,
+        "d" => n * 86400.0,
         _ => return None,
     };
     if !(0.0..=MAX_DURATION.as_secs_f64()).contains(&secs) {
@@ -268,6 +269,7 @@ mod tests {
             "99999999999999999999",
             "1e400",
             "400d",
+            "367d",
             "367 h0",
             "9000000h",
             "-1s",

@@ -25,9 +25,13 @@
 //! (`year=2026/month=01/`) fill the declared partition columns.
 //!
 //! The seen-files set is summarized by [`Source::snapshot`], so a restart
-//! reads the latest summary plus the batches after it.
+//! reads the latest summary plus the batches after it. With `max_file_age`
+//! it is also bounded: once files have been taken, a file whose
+//! modification time is older than the newest taken file's minus that age
+//! is ignored when listed, and forgotten once taken, so the set holds only
+//! the files of the last `max_file_age`.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayRef, RecordBatch, StringArray, new_null_array};
@@ -114,6 +118,11 @@ pub struct FileSourceOptions {
     pub read_concurrency: usize,
     /// What a batch does with a planned file that no longer exists.
     pub missing_files: MissingFiles,
+    /// Bound the seen-files set by time (ms): once files were taken, files
+    /// modified more than this before the newest file taken are ignored and
+    /// forgotten. `None`: every file is remembered and a late file of any
+    /// age is read.
+    pub max_file_age_ms: Option<i64>,
 }
 
 /// What a batch does with a file it planned that is gone when it runs
@@ -198,6 +207,7 @@ impl FileSourceOptions {
             incremental_listing: false,
             read_concurrency: 4,
             missing_files: MissingFiles::Fail,
+            max_file_age_ms: None,
         }
     }
 }
@@ -224,7 +234,11 @@ pub struct FilesOffset {
 
 #[derive(Debug, Default)]
 struct SeenState {
-    seen: HashSet<String>,
+    /// Path -> modification time (ms; `i64::MAX` when unknown, from an old
+    /// snapshot: never aged out).
+    seen: HashMap<String, i64>,
+    /// The newest modification time of a taken file.
+    newest_ms: Option<i64>,
     /// Files and bytes taken by all planned batches.
     done_files: u64,
     done_bytes: u64,
@@ -239,22 +253,53 @@ struct SeenState {
 
 impl SeenState {
     fn take(&mut self, f: &FileEntry) {
-        if self.seen.insert(f.path.clone()) {
+        if self.seen.insert(f.path.clone(), f.mtime_ms).is_none() {
             self.done_files += 1;
             self.done_bytes += f.size;
         }
         if self.max_path.as_deref().is_none_or(|m| f.path.as_str() > m) {
             self.max_path = Some(f.path.clone());
         }
+        if self.newest_ms.is_none_or(|n| f.mtime_ms > n) {
+            self.newest_ms = Some(f.mtime_ms);
+        }
+    }
+
+    /// Files modified before this are ignored (`max_file_age`), once
+    /// something was taken.
+    fn age_cutoff(&self, max_age_ms: Option<i64>) -> Option<i64> {
+        Some(self.newest_ms?.saturating_sub(max_age_ms?))
+    }
+
+    /// Whether a listed file is new to this source.
+    fn is_new(&self, f: &FileEntry, cutoff: Option<i64>) -> bool {
+        !self.seen.contains_key(&f.path) && cutoff.is_none_or(|c| f.mtime_ms >= c)
+    }
+
+    /// Forget taken files older than the cutoff: listing ignores them now.
+    fn forget_aged(&mut self, cutoff: Option<i64>) {
+        if let Some(c) = cutoff {
+            self.seen.retain(|_, mtime| *mtime >= c);
+        }
     }
 }
 
-/// The file source's [`Source::snapshot`]: every path taken.
+/// The file source's [`Source::snapshot`]: every path taken (and still
+/// remembered), with its modification time.
 #[derive(Debug, Serialize, Deserialize)]
 struct SeenSnapshot {
     files: Vec<String>,
+    /// Modification times of `files`, in the same order (absent in
+    /// snapshots written before `max_file_age` existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    mtimes: Vec<i64>,
     bytes: u64,
     max_path: Option<String>,
+    /// Files taken in all, including forgotten ones.
+    #[serde(default)]
+    done_files: Option<u64>,
+    #[serde(default)]
+    newest_ms: Option<i64>,
 }
 
 /// A source of files under one location. See the module docs.
@@ -299,6 +344,9 @@ impl FileSource {
         }
         if let Some(n) = options.max_bytes_per_trigger {
             require_positive(name, "max_bytes_per_trigger", n)?;
+        }
+        if let Some(n) = options.max_file_age_ms {
+            require_positive(name, "max_file_age", u64::try_from(n).unwrap_or(0))?;
         }
         for p in &options.partition_columns {
             if schema.index_of(p).is_err() {
@@ -575,17 +623,22 @@ impl Source for FileSource {
                 state.take(f);
             }
         }
+        let cutoff = state.age_cutoff(self.options.max_file_age_ms);
+        state.forget_aged(cutoff);
         Ok(())
     }
 
     fn snapshot(&self) -> Option<Offset> {
         let state = self.state.lock().expect("file source state");
-        let mut files: Vec<String> = state.seen.iter().cloned().collect();
+        let mut files: Vec<(&String, &i64)> = state.seen.iter().collect();
         files.sort();
         let snap = SeenSnapshot {
-            files,
+            mtimes: files.iter().map(|(_, m)| **m).collect(),
+            files: files.into_iter().map(|(p, _)| p.clone()).collect(),
             bytes: state.done_bytes,
             max_path: state.max_path.clone(),
+            done_files: Some(state.done_files),
+            newest_ms: state.newest_ms,
         };
         Some(serde_json::to_value(snap).expect("snapshot serializes"))
     }
@@ -608,10 +661,12 @@ impl Source for FileSource {
         let mut state = self.state.lock().expect("file source state");
         *state = SeenState::default();
         if let Some(snap) = snap {
-            state.done_files = snap.files.len() as u64;
+            state.done_files = snap.done_files.unwrap_or(snap.files.len() as u64);
             state.done_bytes = snap.bytes;
             state.max_path = snap.max_path;
-            state.seen = snap.files.into_iter().collect();
+            state.newest_ms = snap.newest_ms;
+            let mtimes = snap.mtimes.into_iter().chain(std::iter::repeat(i64::MAX));
+            state.seen = snap.files.into_iter().zip(mtimes).collect();
         }
         self.skipped.lock().expect("skipped files").clear();
         Ok(())
@@ -646,9 +701,10 @@ impl Source for FileSource {
         let after = self.listing_offset();
         let files = self.list(after.as_deref()).await?;
         let mut state = self.state.lock().expect("file source state");
+        let cutoff = state.age_cutoff(self.options.max_file_age_ms);
         let pending: VecDeque<FileEntry> = files
             .into_iter()
-            .filter(|f| !state.seen.contains(&f.path))
+            .filter(|f| state.is_new(f, cutoff))
             .collect();
         state.pending = Some(pending);
         Ok(())
@@ -672,11 +728,12 @@ impl Source for FileSource {
             self.list(after.as_deref()).await?
         };
         let mut state = self.state.lock().expect("file source state");
+        let cutoff = state.age_cutoff(self.options.max_file_age_ms);
         let mut candidates: VecDeque<FileEntry> = match state.pending.take() {
             Some(p) => p,
             None => listed
                 .into_iter()
-                .filter(|f| !state.seen.contains(&f.path))
+                .filter(|f| state.is_new(f, cutoff))
                 .collect(),
         };
         let mut taken = Vec::new();
@@ -708,6 +765,8 @@ impl Source for FileSource {
         for f in &taken {
             state.take(f);
         }
+        let cutoff = state.age_cutoff(self.options.max_file_age_ms);
+        state.forget_aged(cutoff);
         let end = FilesOffset {
             count: count + taken.len() as u64,
             files: taken,
@@ -1356,6 +1415,76 @@ mod tests {
         write(dir.path(), "later.json", 1);
         let b3 = again.plan(Some(&b2)).await.unwrap().unwrap();
         assert_eq!(read_all(&again, Some(&b2), &b3).await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn max_file_age_bounds_the_seen_set_and_ignores_late_old_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = 86_400_000i64;
+        let base =
+            std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let write_aged = |name: &str, days: u64| {
+            write(dir.path(), name, 2);
+            let f = std::fs::File::options()
+                .write(true)
+                .open(dir.path().join(name))
+                .unwrap();
+            f.set_modified(base + std::time::Duration::from_secs(days * 86_400))
+                .unwrap();
+        };
+        for d in 1..=10u64 {
+            write_aged(&format!("f{d:02}.json"), d);
+        }
+        let mut opts = FileSourceOptions::new(FileFormat::Json);
+        opts.max_file_age_ms = Some(2 * day);
+        let src = FileSource::try_new(
+            "s",
+            dir.path().to_str().unwrap(),
+            &Default::default(),
+            schema(),
+            opts,
+        )
+        .unwrap();
+        // The first batch takes every file, whatever its age.
+        let e0 = src.plan(None).await.unwrap().unwrap();
+        assert_eq!(src.parse_offset(&e0).unwrap().files.len(), 10);
+        // Only the files of the last two days are remembered.
+        let snap = src.snapshot().unwrap();
+        assert_eq!(snap["files"].as_array().unwrap().len(), 3, "{snap}");
+        // Forgotten files are not taken again, a late old file is ignored,
+        // a new one is taken.
+        write_aged("late-old.json", 3);
+        write_aged("f11.json", 11);
+        let e1 = src.plan(Some(&e0)).await.unwrap().unwrap();
+        let files: Vec<String> = src
+            .parse_offset(&e1)
+            .unwrap()
+            .files
+            .iter()
+            .map(|f| f.path.rsplit('/').next().unwrap().to_string())
+            .collect();
+        assert_eq!(files, ["f11.json"]);
+        assert!(src.plan(Some(&e1)).await.unwrap().is_none());
+
+        // A restart from the snapshot behaves the same.
+        let again = FileSource::try_new(
+            "s",
+            dir.path().to_str().unwrap(),
+            &Default::default(),
+            schema(),
+            FileSourceOptions {
+                max_file_age_ms: Some(2 * day),
+                ..FileSourceOptions::new(FileFormat::Json)
+            },
+        )
+        .unwrap();
+        again.restore(Some(&snap)).await.unwrap();
+        again.recover(&[e1.clone()]).await.unwrap();
+        assert!(again.plan(Some(&e1)).await.unwrap().is_none());
+        assert_eq!(
+            again.snapshot().unwrap()["files"].as_array().unwrap().len(),
+            3
+        );
     }
 
     #[tokio::test]

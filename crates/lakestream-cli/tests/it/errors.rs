@@ -289,7 +289,7 @@ fn bad_option_values_are_refused_with_exit_2_before_anything_runs() {
     }
     // CSV options are checked, not guessed.
     let csv = format!(
-        "CREATE UNBOUNDED EXTERNAL TABLE e (a VARCHAR) STORED AS CSV LOCATION '{}' OPTIONS (X);\n\
+        "CREATE UNBOUNDED EXTERNAL TABLE e (a VARCHAR) STORED AS CSV LOCATION '{}' OPTIONS (@OPTS@);\n\
          CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}';\n\
          INSERT INTO out SELECT a FROM e;\n",
         input.display(),
@@ -300,7 +300,7 @@ fn bad_option_values_are_refused_with_exit_2_before_anything_runs() {
         ("'delimiter' ''", "delimiter"),
         ("'delimiter' ';;'", "delimiter"),
     ] {
-        std::fs::write(dir.join("job.sql"), csv.replace("X", opts)).unwrap();
+        std::fs::write(dir.join("job.sql"), csv.replace("@OPTS@", opts)).unwrap();
         let o = run_once(dir, "job.sql");
         assert_eq!(o.status.code(), Some(2), "{opts}: {}", text(&o));
         assert!(stderr(&o).contains(word), "{opts}: {}", text(&o));
@@ -351,10 +351,7 @@ fn kafka_settings_the_reader_owns_are_refused_before_any_broker_is_asked() {
         let o = run_once(dir, "job.sql");
         assert_eq!(o.status.code(), Some(2), "{key}: {}", text(&o));
         let msg = stderr(&o);
-        assert!(
-            msg.contains(key.strip_prefix("kafka.").unwrap()) || msg.contains(key),
-            "{key}: {msg}"
-        );
+        assert!(msg.contains(&key.to_ascii_lowercase()), "{key}: {msg}");
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "{key}: refused only after {:?}",
