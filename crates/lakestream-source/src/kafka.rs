@@ -34,7 +34,9 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
-use crate::{BatchStream, Error, Offset, Result, Source, SourceIdentity, require_positive};
+use crate::{
+    BatchStream, Error, Offset, Result, Skipped, Source, SourceIdentity, require_positive,
+};
 
 /// How record values are turned into columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -324,6 +326,11 @@ pub struct KafkaOffset {
     /// (`fail_on_data_loss = false`): the batch read from `resumed_at`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data_loss: Vec<LostRange>,
+    /// The topic id (KIP-516, 32 hex digits) of each topic when the query
+    /// first saw it, where the broker gives one: a changed id proves that a
+    /// topic was deleted and recreated. Carried from batch to batch.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub topic_ids: BTreeMap<String, String>,
 }
 
 /// A partition whose planned offsets no longer existed in the broker.
@@ -335,8 +342,126 @@ pub struct LostRange {
     pub partition: i32,
     /// The offset the checkpoint expected to read next.
     pub expected: i64,
-    /// The offset reading resumed at (the partition's earliest).
+    /// The offset reading resumed at: the partition's earliest when the
+    /// start was deleted or the topic was recreated, its end when the log
+    /// was truncated below the start.
     pub resumed_at: i64,
+}
+
+/// Where a partition's reading goes on when the checkpoint's next offset
+/// `s` lies outside the partition's offsets `lo..hi`, with a description of
+/// the loss, or `None` when `s` is inside.
+///
+/// Below `lo` the records were deleted (retention): resume at `lo`. Above
+/// `hi` either the log was truncated (an unclean leader election) or the
+/// topic was recreated: only a changed topic id proves the latter, and then
+/// the new topic is read from `lo`; otherwise reading resumes at `hi`, so
+/// no offset the table already holds a record for is read again.
+fn resume_point(
+    s: i64,
+    lo: i64,
+    hi: i64,
+    recorded_id: Option<&str>,
+    current_id: Option<&str>,
+) -> Option<(i64, String)> {
+    if s < lo {
+        return Some((
+            lo,
+            format!("offsets {s}..{lo} are no longer available (earliest is {lo})"),
+        ));
+    }
+    if s <= hi {
+        return None;
+    }
+    match (recorded_id, current_id) {
+        (Some(was), Some(now)) if was != now => Some((
+            lo,
+            format!(
+                "the checkpoint expects offset {s} but the topic was recreated (topic id {was} \
+                 is now {now}) and its partition holds offsets {lo}..{hi}"
+            ),
+        )),
+        _ => Some((
+            hi,
+            format!(
+                "the checkpoint expects offset {s} but the partition ends at {hi}: the log was \
+                 truncated (an unclean leader election?) or the topic recreated; offsets \
+                 {hi}..{s} are gone"
+            ),
+        )),
+    }
+}
+
+/// The topic ids (KIP-516) the broker gives for `names`, as 32 hex digits;
+/// topics without one (an older broker, an error) are left out. Asked only
+/// when a topic is first seen or its offsets went missing: an id is evidence
+/// of recreation, never needed for reading.
+fn fetch_topic_ids(
+    consumer: &BaseConsumer,
+    names: &[String],
+    timeout: Duration,
+) -> BTreeMap<String, String> {
+    use rdkafka::bindings as rd;
+    use std::ffi::{CStr, CString};
+    let mut out = BTreeMap::new();
+    let c_names: Vec<CString> = names
+        .iter()
+        .filter_map(|n| CString::new(n.as_str()).ok())
+        .collect();
+    if c_names.is_empty() {
+        return out;
+    }
+    let mut ptrs: Vec<*const std::ffi::c_char> = c_names.iter().map(|s| s.as_ptr()).collect();
+    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: librdkafka's admin API on the consumer's live handle. The
+    // collection and options are copied by DescribeTopics and destroyed
+    // right after it; everything read from the result event belongs to the
+    // event and is copied out before the event is destroyed; the queue is
+    // destroyed last. Null results (timeout, errors) are checked.
+    unsafe {
+        let rk = consumer.client().native_ptr();
+        let opts = rd::rd_kafka_AdminOptions_new(
+            rk,
+            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
+        );
+        let coll = rd::rd_kafka_TopicCollection_of_topic_names(ptrs.as_mut_ptr(), ptrs.len());
+        let queue = rd::rd_kafka_queue_new(rk);
+        rd::rd_kafka_DescribeTopics(rk, coll, opts, queue);
+        rd::rd_kafka_TopicCollection_destroy(coll);
+        rd::rd_kafka_AdminOptions_destroy(opts);
+        let ev = rd::rd_kafka_queue_poll(queue, timeout_ms);
+        if !ev.is_null() {
+            if rd::rd_kafka_event_type(ev) == rd::RD_KAFKA_EVENT_DESCRIBETOPICS_RESULT
+                && rd::rd_kafka_event_error(ev)
+                    == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            {
+                let res = rd::rd_kafka_event_DescribeTopics_result(ev);
+                let mut n = 0usize;
+                let tds = rd::rd_kafka_DescribeTopics_result_topics(res, &mut n);
+                for i in 0..n {
+                    let td = *tds.add(i);
+                    if td.is_null() || !rd::rd_kafka_TopicDescription_error(td).is_null() {
+                        continue;
+                    }
+                    let name = CStr::from_ptr(rd::rd_kafka_TopicDescription_name(td))
+                        .to_string_lossy()
+                        .into_owned();
+                    let id = rd::rd_kafka_TopicDescription_topic_id(td);
+                    if id.is_null() {
+                        continue;
+                    }
+                    let hi = rd::rd_kafka_Uuid_most_significant_bits(id) as u64;
+                    let lo = rd::rd_kafka_Uuid_least_significant_bits(id) as u64;
+                    if hi != 0 || lo != 0 {
+                        out.insert(name, format!("{hi:016x}{lo:016x}"));
+                    }
+                }
+            }
+            rd::rd_kafka_event_destroy(ev);
+        }
+        rd::rd_kafka_queue_destroy(queue);
+    }
+    out
 }
 
 #[derive(Debug, Default)]
@@ -366,6 +491,9 @@ pub struct KafkaSource {
     /// created at the first plan and kept: a continuous query plans every
     /// poll interval, and a new client would reconnect each time.
     planner: PlannerSlot,
+    /// Ranges the reads of the current batch found gone and skipped
+    /// (`fail_on_data_loss = false`).
+    skipped: Arc<Mutex<Vec<Skipped>>>,
 }
 
 #[derive(Default)]
@@ -461,6 +589,7 @@ impl KafkaSource {
             options,
             state: Arc::new(Mutex::new(KafkaState::default())),
             planner: PlannerSlot::default(),
+            skipped: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -662,7 +791,12 @@ impl Source for KafkaSource {
         // A bound frozen by an earlier available-now run (or watermarks of an
         // earlier start) must not cap this run.
         *self.state.lock().expect("kafka state") = KafkaState::default();
+        self.skipped.lock().expect("kafka skipped").clear();
         Ok(())
+    }
+
+    fn take_skipped(&self) -> Vec<Skipped> {
+        std::mem::take(&mut *self.skipped.lock().expect("kafka skipped"))
     }
 
     fn unavailable_timeout(&self) -> Duration {
@@ -697,6 +831,7 @@ impl Source for KafkaSource {
 
     async fn initial_offset(&self) -> Result<Option<Offset>> {
         let marks = self.startup_watermarks().await?;
+        let topics: Vec<String> = marks.marks.keys().cloned().collect();
         let initial = KafkaOffset {
             partitions: self.resolve_starting(&marks).await?,
             ending: self
@@ -706,6 +841,7 @@ impl Source for KafkaSource {
                 .map(|spec| resolve_ending(spec, &marks)),
             added: PartitionOffsets::new(),
             data_loss: Vec::new(),
+            topic_ids: self.topic_ids(topics).await?,
         };
         Ok(Some(
             serde_json::to_value(initial).expect("offset serializes"),
@@ -731,8 +867,32 @@ impl Source for KafkaSource {
         let frozen = self.state.lock().expect("kafka state").frozen.clone();
         let mut next = KafkaOffset {
             ending: prev.ending.clone(),
+            topic_ids: prev.topic_ids.clone(),
             ..Default::default()
         };
+        // Ids are asked for only when needed: a topic first seen, or a
+        // planned offset past a partition's end (was it recreated?).
+        let mut wanted: Vec<String> = Vec::new();
+        for (topic, parts) in &marks.marks {
+            let known = prev.partitions.get(topic);
+            let first_seen = known.is_none() && !prev.topic_ids.contains_key(topic);
+            let past_end = parts
+                .iter()
+                .any(|(p, (_, hi))| known.and_then(|m| m.get(p)).is_some_and(|s| s > hi));
+            if first_seen || past_end {
+                wanted.push(topic.clone());
+            }
+        }
+        let current_ids = if wanted.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.topic_ids(wanted).await?
+        };
+        for (topic, id) in &current_ids {
+            next.topic_ids
+                .entry(topic.clone())
+                .or_insert_with(|| id.clone());
+        }
         // A partition without a start here is one the previous batches never
         // saw; it is recorded in `added` with the offset it starts at.
         let mut rows: Vec<(String, i32, i64, i64)> = Vec::new(); // topic, partition, start, limit
@@ -745,17 +905,11 @@ impl Source for KafkaSource {
                 if known.is_none() {
                     next.added.entry(topic.clone()).or_default().insert(p, lo);
                 }
-                if s < lo || s > hi {
-                    // Planned offsets are gone: retention deleted them, or
-                    // the topic was recreated and its offsets restarted.
-                    let detail = if s < lo {
-                        format!("offsets {s}..{lo} are no longer available (earliest is {lo})")
-                    } else {
-                        format!(
-                            "the checkpoint expects offset {s} but the partition ends at {hi}: \
-                             was the topic recreated?"
-                        )
-                    };
+                let recorded_id = prev.topic_ids.get(topic).map(String::as_str);
+                let current_id = current_ids.get(topic).map(String::as_str);
+                if let Some((resume, detail)) = resume_point(s, lo, hi, recorded_id, current_id) {
+                    // Planned offsets are gone: retention deleted them, the
+                    // log was truncated, or the topic was recreated.
                     if self.options.fail_on_data_loss {
                         return Err(Error::DataLoss {
                             source_name: self.name.clone(),
@@ -772,9 +926,17 @@ impl Source for KafkaSource {
                         topic: topic.clone(),
                         partition: p,
                         expected: s,
-                        resumed_at: lo,
+                        resumed_at: resume,
                     });
-                    s = lo;
+                    if resume == lo
+                        && s > hi
+                        && let Some(id) = current_id
+                    {
+                        // The new topic's id is the one to compare with
+                        // from now on.
+                        next.topic_ids.insert(topic.clone(), id.to_string());
+                    }
+                    s = resume;
                 }
                 let mut limit = hi;
                 if let Some(e) = prev.ending.as_ref().and_then(|e| e.get(topic)) {
@@ -958,6 +1120,17 @@ impl KafkaSource {
         Ok(marks)
     }
 
+    /// [`fetch_topic_ids`] on the planning client, off the async threads.
+    async fn topic_ids(&self, names: Vec<String>) -> Result<BTreeMap<String, String>> {
+        let consumer = self.planner()?;
+        let timeout = self.options.request_timeout;
+        Ok(
+            tokio::task::spawn_blocking(move || fetch_topic_ids(&consumer, &names, timeout))
+                .await
+                .unwrap_or_default(),
+        )
+    }
+
     async fn watermarks(&self) -> Result<Watermarks> {
         let consumer = self.planner()?;
         let topics = self.options.topics.clone();
@@ -1064,8 +1237,12 @@ impl KafkaSource {
         let format = self.options.format.clone();
         let batch_size = self.options.batch_size.max(1);
         let timeout = self.options.read_timeout;
+        let request_timeout = self.options.request_timeout;
+        let fail_on_data_loss = self.options.fail_on_data_loss;
+        let skipped = self.skipped.clone();
         let fut = async move {
             let consumer: StreamConsumer = cfg.create().map_err(|e| create_err(&name, e))?;
+            let consumer = Arc::new(consumer);
             let mut tpl = TopicPartitionList::new();
             let mut remaining: HashMap<(String, i32), (i64, i64)> = HashMap::new();
             for (t, p, s, e) in &ranges {
@@ -1091,7 +1268,12 @@ impl KafkaSource {
                 remaining,
                 builder,
                 timeout,
+                request_timeout,
+                fail_on_data_loss,
+                skipped,
                 last_progress: Instant::now(),
+                last_bounds_check: Instant::now(),
+                backoff: MIN_READ_BACKOFF,
             };
             Ok::<_, Error>(stream::try_unfold(reader, RangeReader::next_batch).boxed())
         };
@@ -1101,14 +1283,26 @@ impl KafkaSource {
 
 use futures::TryStreamExt;
 
+/// First wait after a transient consume error; doubled up to
+/// [`MAX_READ_BACKOFF`] while errors go on.
+const MIN_READ_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_READ_BACKOFF: Duration = Duration::from_secs(2);
+/// How often an idle reader asks whether its ranges still exist.
+const BOUNDS_CHECK_EVERY: Duration = Duration::from_secs(1);
+
 struct RangeReader {
     name: String,
-    consumer: StreamConsumer,
+    consumer: Arc<StreamConsumer>,
     /// (topic, partition) -> (next expected offset, end)
     remaining: HashMap<(String, i32), (i64, i64)>,
     builder: RowBuilder,
     timeout: Duration,
+    request_timeout: Duration,
+    fail_on_data_loss: bool,
+    skipped: Arc<Mutex<Vec<Skipped>>>,
     last_progress: Instant,
+    last_bounds_check: Instant,
+    backoff: Duration,
 }
 
 impl RangeReader {
@@ -1142,12 +1336,35 @@ impl RangeReader {
             }
             let msg = tokio::time::timeout(Duration::from_millis(500), self.consumer.recv()).await;
             match msg {
-                Err(_) => self.sync_positions(),
+                Err(_) => {
+                    self.sync_positions();
+                    if self.last_bounds_check.elapsed() >= BOUNDS_CHECK_EVERY {
+                        self.check_log_bounds().await?;
+                    }
+                }
+                Ok(Err(e))
+                    if matches!(
+                        e.rdkafka_error_code(),
+                        Some(
+                            RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange
+                        )
+                    ) =>
+                {
+                    // A planned offset is not in the partition (any more):
+                    // find which, and fail or skip per fail_on_data_loss.
+                    self.sync_positions();
+                    if !self.check_log_bounds().await? {
+                        tokio::time::sleep(self.backoff).await;
+                        self.backoff = (self.backoff * 2).min(MAX_READ_BACKOFF);
+                    }
+                }
                 Ok(Err(e))
                     if is_transient(&e)
                         || e.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) =>
                 {
-                    tracing::debug!(source = %self.name, error = %e, "transient consumer error; retrying");
+                    tracing::debug!(source = %self.name, error = %e, "transient consumer error; retrying after {:?}", self.backoff);
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(MAX_READ_BACKOFF);
                 }
                 Ok(Err(e)) => {
                     return Err(Error::Kafka {
@@ -1173,10 +1390,108 @@ impl RangeReader {
                     }
                     *pos = off + 1;
                     self.last_progress = Instant::now();
+                    self.backoff = MIN_READ_BACKOFF;
                     self.builder.push(&m)?;
                 }
             }
         }
+    }
+
+    /// Compare what is left to read with the partitions' current bounds:
+    /// a range whose start was deleted (retention) or whose end lies past
+    /// the partition's end while the reader has reached it (the log was
+    /// truncated, or the topic recreated) can never be read whole. Such a
+    /// range fails the batch with [`Error::DataLoss`], or with
+    /// `fail_on_data_loss = false` is skipped (reading resumes at the
+    /// earliest offset, or the partition is done) and reported through
+    /// [`Source::take_skipped`]. Returns whether anything changed. Asked
+    /// only while the reader is idle or the consumer reported an offset
+    /// out of range, so the happy path costs nothing.
+    async fn check_log_bounds(&mut self) -> Result<bool> {
+        self.last_bounds_check = Instant::now();
+        let parts: Vec<(String, i32)> = self.remaining.keys().cloned().collect();
+        let consumer = self.consumer.clone();
+        let timeout = self.request_timeout;
+        let marks = tokio::task::spawn_blocking(move || {
+            parts
+                .into_iter()
+                .map(|(t, p)| {
+                    let r = consumer.fetch_watermarks(&t, p, timeout);
+                    ((t, p), r)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let mut changed = false;
+        for ((topic, partition), r) in marks {
+            // A failed request says nothing: the next check asks again.
+            let Ok((lo, hi)) = r else { continue };
+            let Some(&(pos, end)) = self.remaining.get(&(topic.clone(), partition)) else {
+                continue;
+            };
+            if pos < lo {
+                let to = lo.min(end);
+                self.lost(
+                    &topic,
+                    partition,
+                    pos,
+                    to,
+                    format!(
+                        "deleted before this batch read them (the earliest offset is now {lo})"
+                    ),
+                )?;
+                if to < end {
+                    self.consumer
+                        .seek(&topic, partition, KOffset::Offset(lo), timeout)
+                        .map_err(|e| Error::Kafka {
+                            source_name: self.name.clone(),
+                            what: format!("seek {topic}/{partition} to {lo}"),
+                            reason: e.to_string(),
+                            transient: is_transient(&e),
+                        })?;
+                }
+                self.remaining.insert((topic, partition), (to, end));
+                changed = true;
+            } else if hi <= pos && pos < end {
+                self.lost(
+                    &topic,
+                    partition,
+                    pos,
+                    end,
+                    format!(
+                        "no longer in the partition, which now ends at {hi} (the log was \
+                         truncated, or the topic recreated)"
+                    ),
+                )?;
+                self.remaining.insert((topic, partition), (end, end));
+                changed = true;
+            }
+        }
+        if changed {
+            self.last_progress = Instant::now();
+        }
+        Ok(changed)
+    }
+
+    /// Offsets `from..to` of a planned range are gone: an error, or with
+    /// `fail_on_data_loss = false` a recorded skip.
+    fn lost(&self, topic: &str, partition: i32, from: i64, to: i64, why: String) -> Result<()> {
+        let detail = format!("this batch planned offsets {from}..{to}, which are {why}");
+        if self.fail_on_data_loss {
+            return Err(Error::DataLoss {
+                source_name: self.name.clone(),
+                topic: topic.to_string(),
+                partition,
+                detail,
+            });
+        }
+        tracing::warn!(source = %self.name, topic, partition, %detail, "data loss while reading: skipping (fail_on_data_loss = false)");
+        self.skipped.lock().expect("kafka skipped").push(Skipped {
+            what: format!("{topic}/{partition} offsets {from}..{to}"),
+            reason: format!("{why} (fail_on_data_loss = false)"),
+        });
+        Ok(())
     }
 
     /// Step over offset gaps (transaction markers, aborted records): the
@@ -1395,5 +1710,37 @@ impl RowBuilder {
             offset: offsets.value(i),
             reason,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_past_the_end_resumes_at_the_end_unless_the_topic_id_changed() {
+        // Inside the partition: nothing lost.
+        assert_eq!(resume_point(5, 0, 10, None, None), None);
+        assert_eq!(resume_point(10, 0, 10, Some("a"), Some("b")), None);
+        // Deleted by retention: from the earliest.
+        let (at, detail) = resume_point(2, 4, 10, None, None).unwrap();
+        assert_eq!(at, 4);
+        assert!(detail.contains("offsets 2..4"), "{detail}");
+        // Truncated (same or unknown id): from the end, so nothing the
+        // table holds is read again.
+        for (was, now) in [
+            (Some("a"), Some("a")),
+            (None, Some("a")),
+            (Some("a"), None),
+            (None, None),
+        ] {
+            let (at, detail) = resume_point(12, 0, 7, was, now).unwrap();
+            assert_eq!(at, 7, "{was:?} {now:?}");
+            assert!(detail.contains("offsets 7..12"), "{detail}");
+        }
+        // Recreated, proven by the id: the new topic from its start.
+        let (at, detail) = resume_point(12, 0, 7, Some("a"), Some("b")).unwrap();
+        assert_eq!(at, 0);
+        assert!(detail.contains("recreated"), "{detail}");
     }
 }

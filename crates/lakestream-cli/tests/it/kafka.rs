@@ -418,3 +418,82 @@ fn the_kafka_example_runs_as_documented() {
     assert_eq!(order_ids(&rows), want);
     assert!(rows.iter().all(|r| r["kafka_offset"].is_u64()), "{rows:?}");
 }
+
+#[test]
+fn a_replayed_range_the_log_no_longer_holds_fails_promptly_or_is_skipped_and_recorded() {
+    // Batch 0 commits offsets 0..10; batch 1 is planned over 10..20 and the
+    // process dies before reading it; the topic is then recreated with 3
+    // records. The replay can never read its range: before, the reader
+    // waited out read_timeout and failed, on every restart.
+    let broker = Broker::start();
+    broker.create_topic("trunc", 1);
+    broker.produce("trunc", 1, &orders(0, 20));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let job = |extra: &str| {
+        let opts = format!("'read_timeout' '100s', 'max_offsets_per_trigger' '10'{extra}");
+        kafka_job(&broker.bootstrap(), "trunc", "out", &opts)
+    };
+    std::fs::write(dir.join("job.sql"), job("")).unwrap();
+    let o = bin()
+        .current_dir(dir)
+        .env("LAKESTREAM_FAIL_POINT", "after-write-ahead:1")
+        .args([
+            "run",
+            "job.sql",
+            "--checkpoint",
+            "ckpt",
+            "--trigger",
+            "available-now",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(read_py(&dir.join("out")).len(), 10);
+    broker.delete_topic("trunc");
+    broker.create_topic("trunc", 1);
+    broker.produce("trunc", 1, &orders(100, 3));
+
+    let started = Instant::now();
+    let o = run_job(dir, "ckpt");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("batch 1") && err.contains("data loss on topic trunc partition 0"),
+        "{err}"
+    );
+    assert!(err.contains("offsets 10..20"), "names the range: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "failed only after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(read_py(&dir.join("out")).len(), 10, "nothing was committed");
+
+    // Told to accept the loss, the replay commits nothing of the gone range
+    // and records the skip in progress and in the table's history; the next
+    // batch sees the recreated topic (its id changed) and reads it from its
+    // start, each record once.
+    std::fs::write(dir.join("job.sql"), job(", 'fail_on_data_loss' 'false'")).unwrap();
+    let o = run_job(dir, "ckpt");
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("trunc/0 offsets 10..20"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("was recreated (topic id"),
+        "{}",
+        text(&o)
+    );
+    assert!(stdout.contains("resumed at 0"), "{}", text(&o));
+    let history = history_py(&dir.join("out"));
+    assert!(
+        history
+            .iter()
+            .any(|c| c.to_string().contains("trunc/0 offsets 10..20")),
+        "{history:?}"
+    );
+    let rows = read_py(&dir.join("out"));
+    let mut expected = orders(0, 10);
+    expected.extend(orders(100, 3));
+    assert_eq!(order_ids(&rows), expected_ids(&expected));
+}
