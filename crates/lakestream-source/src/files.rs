@@ -532,20 +532,14 @@ impl FileSource {
             let Some(meta) = present(&name, &entry, store.head(&path).await)? else {
                 return vanished(&name, &entry, missing.as_ref());
             };
+            let entry = FileEntry {
+                size: meta.size,
+                ..entry
+            };
             match format {
                 FileFormat::Parquet => parquet_stream(name, store, entry, schema, batch_size).await,
                 FileFormat::Json | FileFormat::Csv { .. } => {
-                    text_stream(
-                        name,
-                        store,
-                        entry,
-                        meta.size,
-                        schema,
-                        format,
-                        batch_size,
-                        compression,
-                    )
-                    .await
+                    text_stream(name, store, entry, schema, format, batch_size, compression).await
                 }
             }
         };
@@ -1016,14 +1010,13 @@ async fn text_stream(
     name: String,
     store: Arc<dyn ObjectStore>,
     entry: FileEntry,
-    size: u64,
     schema: SchemaRef,
     format: FileFormat,
     batch_size: usize,
     compression: TextCompression,
 ) -> Result<BatchStream> {
     let path = object_path(&entry.path);
-    let chunks = decompressed(ranged_chunks(store.clone(), path, size), compression);
+    let chunks = decompressed(ranged_chunks(store.clone(), path, entry.size), compression);
     let decoder =
         TextDecoder::new(&format, schema.clone(), batch_size).map_err(|reason| Error::Schema {
             source_name: name.clone(),
@@ -1479,7 +1472,7 @@ mod tests {
         )
         .unwrap();
         again.restore(Some(&snap)).await.unwrap();
-        again.recover(&[e1.clone()]).await.unwrap();
+        again.recover(std::slice::from_ref(&e1)).await.unwrap();
         assert!(again.plan(Some(&e1)).await.unwrap().is_none());
         assert_eq!(
             again.snapshot().unwrap()["files"].as_array().unwrap().len(),
