@@ -497,3 +497,33 @@ fn a_replayed_range_the_log_no_longer_holds_fails_promptly_or_is_skipped_and_rec
     expected.extend(orders(100, 3));
     assert_eq!(order_ids(&rows), expected_ids(&expected));
 }
+
+#[test]
+fn a_topic_that_does_not_exist_fails_after_the_configured_wait_naming_it() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(
+            &broker.bootstrap(),
+            "nosuchtopic",
+            "out",
+            "'unavailable_timeout' '3s'",
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let o = run_job(dir, "ckpt");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("nosuchtopic") && err.contains("still unavailable after"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "gave up only after {:?}",
+        started.elapsed()
+    );
+}
