@@ -358,6 +358,42 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         "x",
     );
 
+    // A restart's cost must not grow with the query's age: the checkpoint
+    // keeps the newest batches and snapshots, not every batch ever run.
+    // Median of three restarts that find nothing new, after 50 batches and
+    // after the long history.
+    let restart_median = |dir: &Path| -> anyhow::Result<f64> {
+        let mut walls = Vec::new();
+        for _ in 0..3 {
+            walls.push(run_job(dir, "history.sql", "ckpt")?.wall.as_secs_f64() * 1000.0);
+        }
+        walls.sort_by(f64::total_cmp);
+        Ok(percentile(&walls, 0.5))
+    };
+    let short = dir.join("history-50");
+    std::fs::create_dir_all(&short)?;
+    std::fs::write(
+        short.join("history.sql"),
+        std::fs::read_to_string(hist.join("history.sql"))?
+            .replace(&format!("'rows' '{}'", cfg.history * 10), "'rows' '500'"),
+    )?;
+    run_job(&short, "history.sql", "ckpt")?;
+    let restart_short = restart_median(&short)?;
+    let restart_long = restart_median(&hist)?;
+    let kept = std::fs::read_dir(hist.join("ckpt/offsets"))?.count();
+    figure("history.restart_at_50", format!("{restart_short:.1}"), "ms");
+    figure(
+        &format!("history.restart_at_{}", commits.len()),
+        format!("{restart_long:.1}"),
+        "ms",
+    );
+    figure("history.offsets_files_kept", kept, "files");
+    figure(
+        "ratio.restart_long_over_short",
+        format!("{:.2}", restart_long / restart_short),
+        "x",
+    );
+
     // 5. kafka
     if let Some(bootstrap) = &cfg.kafka_bootstrap {
         kafka_bench(dir, bootstrap, cfg.kafka_messages)?;

@@ -42,6 +42,8 @@ fn the_benchmark_prints_every_figure() {
         "overhead.commit",
         "history.commit_early",
         "history.commit_late",
+        "history.restart_at_50",
+        "ratio.restart_long_over_short",
         "kafka.raw_rate",
         "kafka.engine_rate",
         "ratio.kafka_engine_over_raw",
@@ -53,4 +55,6 @@ fn the_benchmark_prints_every_figure() {
     }
     assert_eq!(figures["backfill.rows"], 20_000.0);
     assert_eq!(figures["overhead.batches"], 12.0);
+    // The checkpoint keeps the newest 100 batches at most, and 40 here.
+    assert_eq!(figures["history.offsets_files_kept"], 40.0);
 }
