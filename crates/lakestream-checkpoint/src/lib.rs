@@ -428,7 +428,28 @@ impl Checkpoint {
     /// with [`Error::QueryChanged`] listing every difference.
     pub async fn check_query(&self, record: &QueryRecord) -> Result<()> {
         if let Some(recorded) = read_entry::<QueryRecord>(&self.location, "query").await? {
-            return self.refuse_differences(record.differences(&recorded));
+            let differences = record.differences(&recorded);
+            if differences.is_empty() {
+                return Ok(());
+            }
+            if self.offset_ids().await?.is_empty() {
+                // Nothing was ever planned (a first run found no input, or
+                // failed before its first batch, say on a mistyped
+                // location): no offset can be misapplied, so the corrected
+                // query takes the checkpoint over. Starting points resolved
+                // for the old sources are dropped.
+                tracing::warn!(location = %self.location.url(), differences = %differences.join("; "), "the checkpoint's query changed before any batch was planned; recording the new one");
+                for name in recorded.sources.keys() {
+                    let _ = self
+                        .location
+                        .store()
+                        .delete(&self.location.child(&format!("sources/{name}/initial")))
+                        .await;
+                }
+                let path = self.location.child("query");
+                return put_json(&self.location, &path, record, PutMode::Overwrite).await;
+            }
+            return self.refuse_differences(differences);
         }
         if let Some(last) = self.latest_offsets().await? {
             let mut differences = Vec::new();
@@ -587,7 +608,14 @@ impl Checkpoint {
                 Ok(Some(v)) => return Ok(Some((id, v))),
                 Ok(None) => {}
                 Err(e @ Error::Corrupt { .. }) => {
-                    tracing::warn!(source, batch_id = id, error = %e, "the newest source snapshot is unreadable; using the one before it");
+                    tracing::warn!(source, batch_id = id, error = %e, "a source snapshot is unreadable; removing it and using the one before it");
+                    // Removed, so it no longer counts as one of the two
+                    // snapshots kept (nor bounds what is purged).
+                    let _ = self
+                        .location
+                        .store()
+                        .delete(&self.location.child(&format!("{dir}/{id}")))
+                        .await;
                 }
                 Err(e) => return Err(e),
             }

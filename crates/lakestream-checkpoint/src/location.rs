@@ -186,13 +186,33 @@ impl Location {
 
 /// Make a local file and its directory entry durable: `fsync` the file,
 /// then its parent directory (so a rename or link that created it survives
-/// a power loss too). The local object store writes through the page cache
-/// and syncs nothing; every file the protocol relies on after a crash goes
-/// through here.
+/// a power loss too), and, once per process for each directory above it,
+/// that directory's parent, so a directory created for it (`offsets/`, a
+/// new partition directory of a table) is durable as well. The local object
+/// store writes through the page cache and syncs nothing; every file the
+/// protocol relies on after a crash goes through here.
 pub fn sync_local_file(path: &std::path::Path) -> std::io::Result<()> {
     std::fs::File::open(path)?.sync_all()?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
+    let Some(dir) = path.parent() else {
+        return Ok(());
+    };
+    std::fs::File::open(dir)?.sync_all()?;
+    // Directories whose own entry was made durable by this process: a
+    // directory entry, once synced, stays, so each costs one fsync per run.
+    static DURABLE_DIRS: OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
+        OnceLock::new();
+    let durable = DURABLE_DIRS.get_or_init(Default::default);
+    let mut current = dir;
+    while let Some(parent) = current.parent() {
+        if durable.lock().expect("durable dirs").contains(current) {
+            break;
+        }
+        std::fs::File::open(parent)?.sync_all()?;
+        durable
+            .lock()
+            .expect("durable dirs")
+            .insert(current.to_path_buf());
+        current = parent;
     }
     Ok(())
 }

@@ -465,6 +465,7 @@ impl Driver {
             query_id: self.ckpt.query_id().to_string(),
             ..Default::default()
         };
+        let dropped_events = std::sync::atomic::AtomicU64::new(0);
         let report = |p: BatchProgress, summary: &mut QuerySummary| {
             summary.batches += 1;
             summary.input_rows += p.input_rows;
@@ -473,7 +474,14 @@ impl Driver {
             summary.table_version = p.table_version.or(summary.table_version);
             // Bounded: a reader that falls behind (or none at all) loses
             // events, never the query's memory.
-            let _ = events.try_send(p.clone());
+            if let Err(mpsc::error::TrySendError::Full(_)) = events.try_send(p.clone())
+                && dropped_events.fetch_add(1, Ordering::Relaxed) == 0
+            {
+                tracing::warn!(
+                    batch_id = p.batch_id,
+                    "the progress channel is full ({PROGRESS_EVENTS_BUFFER} events unread): newer events are dropped until it is read"
+                );
+            }
             let _ = latest.send(Some(p));
         };
 

@@ -237,8 +237,16 @@ struct SeenState {
     /// Path -> modification time (ms; `i64::MAX` when unknown, from an old
     /// snapshot: never aged out).
     seen: HashMap<String, i64>,
-    /// The newest modification time of a taken file.
+    /// The newest modification time of a taken file (never later than
+    /// the clock when it was taken: one file stamped in the future must not
+    /// age out every file after it).
     newest_ms: Option<i64>,
+    /// The highest age cutoff ever applied: files older than this were
+    /// forgotten, so they are never new again, whatever `max_file_age` says
+    /// later (the option may be raised or removed on a running checkpoint).
+    forgotten_before_ms: Option<i64>,
+    /// Listed files ignored for their age at the last plan, to log changes.
+    aged_out_reported: usize,
     /// Files and bytes taken by all planned batches.
     done_files: u64,
     done_bytes: u64,
@@ -260,15 +268,24 @@ impl SeenState {
         if self.max_path.as_deref().is_none_or(|m| f.path.as_str() > m) {
             self.max_path = Some(f.path.clone());
         }
-        if self.newest_ms.is_none_or(|n| f.mtime_ms > n) {
-            self.newest_ms = Some(f.mtime_ms);
+        let mtime = f.mtime_ms.min(lakestream_checkpoint::now_ms());
+        if self.newest_ms.is_none_or(|n| mtime > n) {
+            self.newest_ms = Some(mtime);
         }
     }
 
-    /// Files modified before this are ignored (`max_file_age`), once
-    /// something was taken.
+    /// Files modified before this are ignored: older than `max_file_age`
+    /// before the newest file taken, or older than any cutoff applied
+    /// before (those files were forgotten).
     fn age_cutoff(&self, max_age_ms: Option<i64>) -> Option<i64> {
-        Some(self.newest_ms?.saturating_sub(max_age_ms?))
+        let now = self
+            .newest_ms
+            .zip(max_age_ms)
+            .map(|(n, age)| n.saturating_sub(age));
+        match (now, self.forgotten_before_ms) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Whether a listed file is new to this source.
@@ -276,10 +293,14 @@ impl SeenState {
         !self.seen.contains_key(&f.path) && cutoff.is_none_or(|c| f.mtime_ms >= c)
     }
 
-    /// Forget taken files older than the cutoff: listing ignores them now.
+    /// Forget taken files older than the cutoff: listing ignores them now,
+    /// and for good.
     fn forget_aged(&mut self, cutoff: Option<i64>) {
         if let Some(c) = cutoff {
             self.seen.retain(|_, mtime| *mtime >= c);
+            if self.forgotten_before_ms.is_none_or(|b| c > b) {
+                self.forgotten_before_ms = Some(c);
+            }
         }
     }
 }
@@ -300,6 +321,8 @@ struct SeenSnapshot {
     done_files: Option<u64>,
     #[serde(default)]
     newest_ms: Option<i64>,
+    #[serde(default)]
+    forgotten_before_ms: Option<i64>,
 }
 
 /// A source of files under one location. See the module docs.
@@ -633,6 +656,7 @@ impl Source for FileSource {
             max_path: state.max_path.clone(),
             done_files: Some(state.done_files),
             newest_ms: state.newest_ms,
+            forgotten_before_ms: state.forgotten_before_ms,
         };
         Some(serde_json::to_value(snap).expect("snapshot serializes"))
     }
@@ -659,6 +683,7 @@ impl Source for FileSource {
             state.done_bytes = snap.bytes;
             state.max_path = snap.max_path;
             state.newest_ms = snap.newest_ms;
+            state.forgotten_before_ms = snap.forgotten_before_ms;
             let mtimes = snap.mtimes.into_iter().chain(std::iter::repeat(i64::MAX));
             state.seen = snap.files.into_iter().zip(mtimes).collect();
         }
@@ -723,13 +748,35 @@ impl Source for FileSource {
         };
         let mut state = self.state.lock().expect("file source state");
         let cutoff = state.age_cutoff(self.options.max_file_age_ms);
+        let mut aged_out = 0usize;
         let mut candidates: VecDeque<FileEntry> = match state.pending.take() {
             Some(p) => p,
             None => listed
                 .into_iter()
-                .filter(|f| state.is_new(f, cutoff))
+                .filter(|f| {
+                    let new = state.is_new(f, cutoff);
+                    // Counted: files never taken that the age window
+                    // ignores (not the ones this source took and forgot).
+                    if !new
+                        && !state.seen.contains_key(&f.path)
+                        && state.forgotten_before_ms.is_none_or(|b| f.mtime_ms >= b)
+                    {
+                        aged_out += 1;
+                    }
+                    new
+                })
                 .collect(),
         };
+        if aged_out != state.aged_out_reported {
+            if aged_out > state.aged_out_reported {
+                tracing::warn!(
+                    source = %self.name,
+                    files = aged_out,
+                    "listed files never read are ignored: they are older than max_file_age before the newest file taken"
+                );
+            }
+            state.aged_out_reported = aged_out;
+        }
         let mut taken = Vec::new();
         let mut bytes = 0u64;
         while let Some(f) = candidates.front() {
@@ -1478,6 +1525,25 @@ mod tests {
             again.snapshot().unwrap()["files"].as_array().unwrap().len(),
             3
         );
+
+        // Removing (or raising) the option later does not bring forgotten
+        // files back: they were read once.
+        let unbounded = FileSource::try_new(
+            "s",
+            dir.path().to_str().unwrap(),
+            &Default::default(),
+            schema(),
+            FileSourceOptions::new(FileFormat::Json),
+        )
+        .unwrap();
+        unbounded
+            .restore(Some(&src.snapshot().unwrap()))
+            .await
+            .unwrap();
+        assert!(unbounded.plan(Some(&e1)).await.unwrap().is_none());
+        write_aged("f12.json", 12);
+        let e2 = unbounded.plan(Some(&e1)).await.unwrap().unwrap();
+        assert_eq!(unbounded.parse_offset(&e2).unwrap().files.len(), 1);
     }
 
     #[tokio::test]

@@ -349,14 +349,16 @@ pub struct LostRange {
 }
 
 /// Where a partition's reading goes on when the checkpoint's next offset
-/// `s` lies outside the partition's offsets `lo..hi`, with a description of
-/// the loss, or `None` when `s` is inside.
+/// `s` is not where it was (outside the partition's offsets `lo..hi`, or in
+/// a topic that was recreated), with a description of the loss, or `None`
+/// when reading goes on at `s`.
 ///
-/// Below `lo` the records were deleted (retention): resume at `lo`. Above
-/// `hi` either the log was truncated (an unclean leader election) or the
-/// topic was recreated: only a changed topic id proves the latter, and then
-/// the new topic is read from `lo`; otherwise reading resumes at `hi`, so
-/// no offset the table already holds a record for is read again.
+/// A changed topic id proves that the topic was deleted and recreated: its
+/// offsets describe other records, so every partition is read from `lo`,
+/// whatever `s`. Below `lo` the records were deleted (retention): resume at
+/// `lo`. Above `hi` without a changed id the log was truncated (an unclean
+/// leader election), or a recreation went unproven: reading resumes at
+/// `hi`, so no offset the table already holds a record for is read again.
 fn resume_point(
     s: i64,
     lo: i64,
@@ -364,6 +366,17 @@ fn resume_point(
     recorded_id: Option<&str>,
     current_id: Option<&str>,
 ) -> Option<(i64, String)> {
+    if let (Some(was), Some(now)) = (recorded_id, current_id)
+        && was != now
+    {
+        return Some((
+            lo,
+            format!(
+                "the topic was recreated (topic id {was} is now {now}): the checkpoint expects \
+                 offset {s} of the old topic, and the new one holds offsets {lo}..{hi}"
+            ),
+        ));
+    }
     if s < lo {
         return Some((
             lo,
@@ -373,23 +386,14 @@ fn resume_point(
     if s <= hi {
         return None;
     }
-    match (recorded_id, current_id) {
-        (Some(was), Some(now)) if was != now => Some((
-            lo,
-            format!(
-                "the checkpoint expects offset {s} but the topic was recreated (topic id {was} \
-                 is now {now}) and its partition holds offsets {lo}..{hi}"
-            ),
-        )),
-        _ => Some((
-            hi,
-            format!(
-                "the checkpoint expects offset {s} but the partition ends at {hi}: the log was \
-                 truncated (an unclean leader election?) or the topic recreated; offsets \
-                 {hi}..{s} are gone"
-            ),
-        )),
-    }
+    Some((
+        hi,
+        format!(
+            "the checkpoint expects offset {s} but the partition ends at {hi}: the log was \
+             truncated (an unclean leader election?) or the topic recreated; offsets \
+             {hi}..{s} are gone"
+        ),
+    ))
 }
 
 /// The topic ids (KIP-516) the broker gives for `names`, as 32 hex digits;
@@ -473,7 +477,15 @@ struct KafkaState {
     /// including the first plan: a start then asks the broker once, not
     /// three times.
     startup_marks: Option<(Instant, Watermarks)>,
+    /// When topic ids were last compared with the recorded ones (`None`:
+    /// not yet in this run, so the first plan compares them).
+    ids_checked: Option<Instant>,
 }
+
+/// How often planning compares topic ids with the recorded ones, besides
+/// the first plan of a run and a partition found past its end: a topic
+/// recreated and refilled past the old offsets is caught within this time.
+const TOPIC_ID_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 /// How old startup watermarks may be to be reused (they only bound what a
 /// batch reads: older ones make it read less, never wrongly).
@@ -812,6 +824,11 @@ impl Source for KafkaSource {
             }
             Topics::Pattern(re) => format!("topic pattern {}", re.as_str()),
         };
+        // The isolation level decides where a planned range may end (the
+        // last stable offset or the high watermark): a change would make a
+        // checkpoint's offsets look truncated or reach past open
+        // transactions.
+        let location = format!("{location} ({})", self.options.isolation_level.as_str());
         SourceIdentity {
             kind: "kafka".into(),
             location,
@@ -870,8 +887,20 @@ impl Source for KafkaSource {
             topic_ids: prev.topic_ids.clone(),
             ..Default::default()
         };
-        // Ids are asked for only when needed: a topic first seen, or a
-        // planned offset past a partition's end (was it recreated?).
+        // Ids are asked for when they can tell something: a topic first
+        // seen, a planned offset past a partition's end (was it recreated?),
+        // and every recorded topic at the first plan of a run (it may have
+        // been recreated while the query was down) and now and then.
+        let periodic = {
+            let mut st = self.state.lock().expect("kafka state");
+            let due = st
+                .ids_checked
+                .is_none_or(|t| t.elapsed() >= TOPIC_ID_CHECK_EVERY);
+            if due {
+                st.ids_checked = Some(Instant::now());
+            }
+            due
+        };
         let mut wanted: Vec<String> = Vec::new();
         for (topic, parts) in &marks.marks {
             let known = prev.partitions.get(topic);
@@ -879,7 +908,8 @@ impl Source for KafkaSource {
             let past_end = parts
                 .iter()
                 .any(|(p, (_, hi))| known.and_then(|m| m.get(p)).is_some_and(|s| s > hi));
-            if first_seen || past_end {
+            let recorded = prev.topic_ids.contains_key(topic);
+            if first_seen || past_end || (periodic && recorded) {
                 wanted.push(topic.clone());
             }
         }
@@ -928,12 +958,9 @@ impl Source for KafkaSource {
                         expected: s,
                         resumed_at: resume,
                     });
-                    if resume == lo
-                        && s > hi
-                        && let Some(id) = current_id
-                    {
-                        // The new topic's id is the one to compare with
-                        // from now on.
+                    if let Some(id) = current_id {
+                        // The current id is the one to compare with from
+                        // now on (the new topic's, after a recreation).
                         next.topic_ids.insert(topic.clone(), id.to_string());
                     }
                     s = resume;
@@ -1413,13 +1440,24 @@ impl RangeReader {
         let consumer = self.consumer.clone();
         let timeout = self.request_timeout;
         let marks = tokio::task::spawn_blocking(move || {
-            parts
-                .into_iter()
-                .map(|(t, p)| {
-                    let r = consumer.fetch_watermarks(&t, p, timeout);
-                    ((t, p), r)
-                })
-                .collect::<Vec<_>>()
+            // Up to WATERMARK_REQUESTS at once, as planning does.
+            let mut out = Vec::with_capacity(parts.len());
+            for chunk in parts.chunks(WATERMARK_REQUESTS) {
+                std::thread::scope(|sc| {
+                    let handles: Vec<_> = chunk
+                        .iter()
+                        .map(|(t, p)| {
+                            let consumer = &consumer;
+                            sc.spawn(move || consumer.fetch_watermarks(t, *p, timeout))
+                        })
+                        .collect();
+                    for ((t, p), h) in chunk.iter().zip(handles) {
+                        let r = h.join().expect("watermark request thread");
+                        out.push(((t.clone(), *p), r));
+                    }
+                });
+            }
+            out
         })
         .await
         .unwrap_or_default();
@@ -1442,14 +1480,24 @@ impl RangeReader {
                     ),
                 )?;
                 if to < end {
-                    self.consumer
-                        .seek(&topic, partition, KOffset::Offset(lo), timeout)
-                        .map_err(|e| Error::Kafka {
-                            source_name: self.name.clone(),
-                            what: format!("seek {topic}/{partition} to {lo}"),
-                            reason: e.to_string(),
-                            transient: is_transient(&e),
-                        })?;
+                    let consumer = self.consumer.clone();
+                    let t = topic.clone();
+                    tokio::task::spawn_blocking(move || {
+                        consumer.seek(&t, partition, KOffset::Offset(lo), timeout)
+                    })
+                    .await
+                    .map_err(|e| Error::Kafka {
+                        source_name: self.name.clone(),
+                        what: format!("seek {topic}/{partition} to {lo}"),
+                        reason: e.to_string(),
+                        transient: false,
+                    })?
+                    .map_err(|e| Error::Kafka {
+                        source_name: self.name.clone(),
+                        what: format!("seek {topic}/{partition} to {lo}"),
+                        reason: e.to_string(),
+                        transient: is_transient(&e),
+                    })?;
                 }
                 self.remaining.insert((topic, partition), (to, end));
                 changed = true;
@@ -1721,7 +1769,7 @@ mod tests {
     fn a_start_past_the_end_resumes_at_the_end_unless_the_topic_id_changed() {
         // Inside the partition: nothing lost.
         assert_eq!(resume_point(5, 0, 10, None, None), None);
-        assert_eq!(resume_point(10, 0, 10, Some("a"), Some("b")), None);
+        assert_eq!(resume_point(10, 0, 10, Some("a"), Some("a")), None);
         // Deleted by retention: from the earliest.
         let (at, detail) = resume_point(2, 4, 10, None, None).unwrap();
         assert_eq!(at, 4);
@@ -1738,9 +1786,12 @@ mod tests {
             assert_eq!(at, 7, "{was:?} {now:?}");
             assert!(detail.contains("offsets 7..12"), "{detail}");
         }
-        // Recreated, proven by the id: the new topic from its start.
-        let (at, detail) = resume_point(12, 0, 7, Some("a"), Some("b")).unwrap();
-        assert_eq!(at, 0);
-        assert!(detail.contains("recreated"), "{detail}");
+        // Recreated, proven by the id: the new topic from its start, even
+        // where it already holds the old offset.
+        for (s, lo, hi) in [(12, 0, 7), (5, 0, 10), (0, 0, 0)] {
+            let (at, detail) = resume_point(s, lo, hi, Some("a"), Some("b")).unwrap();
+            assert_eq!(at, lo, "{s} {lo} {hi}");
+            assert!(detail.contains("recreated"), "{detail}");
+        }
     }
 }

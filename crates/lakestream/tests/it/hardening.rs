@@ -344,3 +344,35 @@ fn secrets_in_kafka_settings_never_reach_debug_output() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_query_corrected_before_its_first_batch_takes_the_checkpoint_over() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_files(&dir.join("in"), 0, 3);
+    // A mistyped location: nothing is listed, no batch is planned.
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+    let typo = FileSource::try_new(
+        "events",
+        dir.join("inn").to_str().unwrap(),
+        &Default::default(),
+        schema,
+        FileSourceOptions::new(FileFormat::Json),
+    )
+    .unwrap();
+    let s = query(dir, typo).run().await.unwrap();
+    assert_eq!(s.batches, 0);
+    let s = query(dir, file_source(dir, "events")).run().await.unwrap();
+    assert_eq!(s.input_rows, 30, "{s:?}");
+    // From now on the corrected query is the checkpoint's.
+    let err = crate::common::available_now(
+        file_source(dir, "clicks"),
+        "SELECT id FROM clicks",
+        dir.join("table").to_str().unwrap(),
+        dir.join("ckpt").to_str().unwrap(),
+    )
+    .run()
+    .await
+    .unwrap_err();
+    assert!(err.is_user_error(), "{err}");
+}
