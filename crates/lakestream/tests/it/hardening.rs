@@ -376,3 +376,77 @@ async fn a_query_corrected_before_its_first_batch_takes_the_checkpoint_over() {
     .unwrap_err();
     assert!(err.is_user_error(), "{err}");
 }
+
+/// A source whose planning panics: a bug, not a bad job.
+#[derive(Debug)]
+struct PanickingSource;
+
+#[async_trait::async_trait]
+impl Source for PanickingSource {
+    fn name(&self) -> &str {
+        "events"
+    }
+    fn schema(&self) -> arrow::datatypes::SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]))
+    }
+    async fn recover(
+        &self,
+        _ends: &[lakestream::source::Offset],
+    ) -> lakestream::source::Result<()> {
+        Ok(())
+    }
+    async fn restore(
+        &self,
+        _snapshot: Option<&lakestream::source::Offset>,
+    ) -> lakestream::source::Result<()> {
+        Ok(())
+    }
+    fn identity(&self) -> lakestream::source::SourceIdentity {
+        lakestream::source::SourceIdentity {
+            kind: "test".into(),
+            location: String::new(),
+        }
+    }
+    async fn freeze(&self) -> lakestream::source::Result<()> {
+        Ok(())
+    }
+    async fn plan(
+        &self,
+        _start: Option<&lakestream::source::Offset>,
+    ) -> lakestream::source::Result<Option<lakestream::source::Offset>> {
+        panic!("a bug in a source");
+    }
+    fn read(
+        &self,
+        _start: Option<&lakestream::source::Offset>,
+        _end: &lakestream::source::Offset,
+        _partitions: usize,
+    ) -> lakestream::source::Result<Vec<lakestream::source::BatchStream>> {
+        Ok(Vec::new())
+    }
+    fn describe(
+        &self,
+        _start: Option<&lakestream::source::Offset>,
+        _end: &lakestream::source::Offset,
+    ) -> String {
+        String::new()
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_query_is_an_internal_error_not_an_invalid_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let err = crate::common::available_now(
+        PanickingSource,
+        "SELECT id FROM events",
+        dir.join("table").to_str().unwrap(),
+        dir.join("ckpt").to_str().unwrap(),
+    )
+    .run()
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Internal(_)), "{err}");
+    assert!(!err.is_user_error(), "{err}");
+    assert!(err.to_string().contains("panicked"), "{err}");
+}
