@@ -49,48 +49,41 @@ pub(crate) fn python() -> PathBuf {
     p
 }
 
-/// Rows of the Delta table at `table`, read by Python `deltalake`.
-pub(crate) fn read_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> Vec<serde_json::Value> {
+/// The output of `tests/py/read_delta.py TABLE ARGS`, checked to succeed.
+fn read_delta_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized), args: &[&str]) -> Vec<u8> {
     let o = Command::new(python())
         .arg(root().join("tests/py/read_delta.py"))
         .arg(table)
+        .args(args)
         .output()
         .expect("run python");
     assert!(o.status.success(), "python reader failed: {}", text(&o));
-    String::from_utf8(o.stdout)
+    o.stdout
+}
+
+/// JSON lines as values.
+fn json_lines(out: Vec<u8>) -> Vec<serde_json::Value> {
+    String::from_utf8(out)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
 
+/// Rows of the Delta table at `table`, read by Python `deltalake`.
+pub(crate) fn read_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> Vec<serde_json::Value> {
+    json_lines(read_delta_py(table, &[]))
+}
+
 /// Version, partition columns, columns and row count, read by Python.
 pub(crate) fn meta_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> serde_json::Value {
-    let o = Command::new(python())
-        .arg(root().join("tests/py/read_delta.py"))
-        .arg(table)
-        .arg("--meta")
-        .output()
-        .expect("run python");
-    assert!(o.status.success(), "python reader failed: {}", text(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
+    serde_json::from_slice(&read_delta_py(table, &["--meta"])).unwrap()
 }
 
 /// The commitInfo of every commit of the table at `table`, newest first,
 /// read by Python.
 pub(crate) fn history_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> Vec<serde_json::Value> {
-    let o = Command::new(python())
-        .arg(root().join("tests/py/read_delta.py"))
-        .arg(table)
-        .arg("--history")
-        .output()
-        .expect("run python");
-    assert!(o.status.success(), "python reader failed: {}", text(&o));
-    String::from_utf8(o.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    json_lines(read_delta_py(table, &["--history"]))
 }
 
 /// Rows of `sql` through `lakestream query --format json`.

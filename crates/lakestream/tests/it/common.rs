@@ -12,9 +12,20 @@ pub(crate) fn available_now(
     table: &str,
     ckpt: &str,
 ) -> lakestream::QueryBuilder {
+    available_now_shared(std::sync::Arc::new(source), sql, table, ckpt)
+}
+
+/// [`available_now`] over a source object the caller keeps (and may hand
+/// to another query).
+pub(crate) fn available_now_shared(
+    source: std::sync::Arc<dyn lakestream::source::Source>,
+    sql: &str,
+    table: &str,
+    ckpt: &str,
+) -> lakestream::QueryBuilder {
     use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
     lakestream::QueryBuilder::new()
-        .source(std::sync::Arc::new(source))
+        .source(source)
         .unwrap()
         .sql(sql)
         .sink(std::sync::Arc::new(
@@ -22,6 +33,18 @@ pub(crate) fn available_now(
         ))
         .checkpoint(ckpt)
         .trigger(lakestream::Trigger::AvailableNow)
+}
+
+/// Write JSON-lines files `part-<from>.json` .. `part-<to - 1>.json` of 10
+/// rows each under `dir`, with ids `file * 10 + row`.
+pub(crate) fn write_files(dir: &std::path::Path, from: usize, to: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in from..to {
+        let body: String = (0..10)
+            .map(|r| format!("{{\"id\": {}}}\n", f * 10 + r))
+            .collect();
+        std::fs::write(dir.join(format!("part-{f:04}.json")), body).unwrap();
+    }
 }
 
 /// Run `sql` over the Delta table at `table` (registered as `t`).

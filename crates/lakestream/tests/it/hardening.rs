@@ -10,15 +10,7 @@ use lakestream::source::files::{FileFormat, FileSource, FileSourceOptions};
 use lakestream::source::generator::{GeneratorOptions, GeneratorSource};
 use lakestream::{Error, PROGRESS_EVENTS_BUFFER, QueryBuilder};
 
-fn write_files(dir: &std::path::Path, from: usize, to: usize) {
-    std::fs::create_dir_all(dir).unwrap();
-    for f in from..to {
-        let body: String = (0..10)
-            .map(|r| format!("{{\"id\": {}}}\n", f * 10 + r))
-            .collect();
-        std::fs::write(dir.join(format!("part-{f:04}.json")), body).unwrap();
-    }
-}
+use crate::common::write_files;
 
 fn file_source(dir: &std::path::Path, name: &str) -> FileSource {
     let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
@@ -61,40 +53,26 @@ async fn a_source_object_reused_after_a_plan_that_was_never_written_ahead_loses_
     assert!(taken.is_some());
     // An available-now run freezes the listing; the same object then runs
     // again after more files arrive.
-    let summary = QueryBuilder::new()
-        .source(source.clone())
-        .unwrap()
-        .sql("SELECT id FROM events")
-        .sink(Arc::new(
-            lakestream::sink::delta::DeltaSink::try_new(
-                dir.join("table").to_str().unwrap(),
-                Default::default(),
-            )
-            .unwrap(),
-        ))
-        .checkpoint(dir.join("ckpt").to_str().unwrap())
-        .trigger(lakestream::Trigger::AvailableNow)
-        .run()
-        .await
-        .unwrap();
+    let summary = crate::common::available_now_shared(
+        source.clone(),
+        "SELECT id FROM events",
+        dir.join("table").to_str().unwrap(),
+        dir.join("ckpt").to_str().unwrap(),
+    )
+    .run()
+    .await
+    .unwrap();
     assert_eq!(summary.input_rows, 40, "{summary:?}");
     write_files(&dir.join("in"), 4, 6);
-    let summary = QueryBuilder::new()
-        .source(source.clone())
-        .unwrap()
-        .sql("SELECT id FROM events")
-        .sink(Arc::new(
-            lakestream::sink::delta::DeltaSink::try_new(
-                dir.join("table").to_str().unwrap(),
-                Default::default(),
-            )
-            .unwrap(),
-        ))
-        .checkpoint(dir.join("ckpt").to_str().unwrap())
-        .trigger(lakestream::Trigger::AvailableNow)
-        .run()
-        .await
-        .unwrap();
+    let summary = crate::common::available_now_shared(
+        source.clone(),
+        "SELECT id FROM events",
+        dir.join("table").to_str().unwrap(),
+        dir.join("ckpt").to_str().unwrap(),
+    )
+    .run()
+    .await
+    .unwrap();
     assert_eq!(summary.input_rows, 20, "{summary:?}");
     let (n, d) = crate::common::count_distinct(&dir.join("table"), "id").await;
     assert_eq!((n, d), (60, 60));
@@ -125,22 +103,16 @@ async fn a_generator_reused_after_an_available_now_run_is_not_capped_by_its_old_
         .and_then(|v| v.as_u64())
         .unwrap_or(0);
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    let s = QueryBuilder::new()
-        .source(source.clone())
-        .unwrap()
-        .sql("SELECT event_id FROM events")
-        .sink(Arc::new(
-            lakestream::sink::delta::DeltaSink::try_new(
-                dir.join("table").to_str().unwrap(),
-                Default::default(),
-            )
-            .unwrap(),
-        ))
-        .checkpoint(dir.join("ckpt").to_str().unwrap())
-        .trigger(lakestream::Trigger::Once)
-        .run()
-        .await
-        .unwrap();
+    let s = crate::common::available_now_shared(
+        source.clone(),
+        "SELECT event_id FROM events",
+        dir.join("table").to_str().unwrap(),
+        dir.join("ckpt").to_str().unwrap(),
+    )
+    .trigger(lakestream::Trigger::Once)
+    .run()
+    .await
+    .unwrap();
     assert!(
         s.input_rows >= 300 && s.input_rows > frozen + 100,
         "read {} rows; the old bound was {frozen}",

@@ -8,15 +8,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use lakestream::QueryBuilder;
 use lakestream::source::files::{FileFormat, FileSource, FileSourceOptions};
 
-fn write_files(dir: &std::path::Path, from: usize, to: usize) {
-    std::fs::create_dir_all(dir).unwrap();
-    for f in from..to {
-        let body: String = (0..10)
-            .map(|r| format!("{{\"id\": {}}}\n", f * 10 + r))
-            .collect();
-        std::fs::write(dir.join(format!("part-{f:04}.json")), body).unwrap();
-    }
-}
+use crate::common::write_files;
 
 fn query(dir: &std::path::Path) -> QueryBuilder {
     let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
