@@ -1310,6 +1310,35 @@ impl KafkaSource {
 
 use futures::TryStreamExt;
 
+/// What a reader found missing of the rest `pos..end` of a planned range,
+/// given the partition's current offsets `lo..hi`.
+#[derive(Debug, PartialEq, Eq)]
+enum RangeGap {
+    /// Offsets `pos..to` were deleted (retention); reading goes on at `lo`
+    /// when `to < end`.
+    StartDeleted {
+        /// The end of the deleted part: `min(lo, end)`.
+        to: i64,
+    },
+    /// The reader is at the partition's end, before the planned end:
+    /// `pos..end` no longer exists (the log was truncated, or the topic
+    /// recreated).
+    TailGone,
+}
+
+/// See [`RangeGap`]; `None` while the rest of the range can still be read.
+fn range_gap(pos: i64, end: i64, lo: i64, hi: i64) -> Option<RangeGap> {
+    if pos >= end {
+        None
+    } else if pos < lo {
+        Some(RangeGap::StartDeleted { to: lo.min(end) })
+    } else if hi <= pos {
+        Some(RangeGap::TailGone)
+    } else {
+        None
+    }
+}
+
 /// First wait after a transient consume error; doubled up to
 /// [`MAX_READ_BACKOFF`] while errors go on.
 const MIN_READ_BACKOFF: Duration = Duration::from_millis(50);
@@ -1468,52 +1497,55 @@ impl RangeReader {
             let Some(&(pos, end)) = self.remaining.get(&(topic.clone(), partition)) else {
                 continue;
             };
-            if pos < lo {
-                let to = lo.min(end);
-                self.lost(
-                    &topic,
-                    partition,
-                    pos,
-                    to,
-                    format!(
-                        "deleted before this batch read them (the earliest offset is now {lo})"
-                    ),
-                )?;
-                if to < end {
-                    let consumer = self.consumer.clone();
-                    let t = topic.clone();
-                    tokio::task::spawn_blocking(move || {
-                        consumer.seek(&t, partition, KOffset::Offset(lo), timeout)
-                    })
-                    .await
-                    .map_err(|e| Error::Kafka {
-                        source_name: self.name.clone(),
-                        what: format!("seek {topic}/{partition} to {lo}"),
-                        reason: e.to_string(),
-                        transient: false,
-                    })?
-                    .map_err(|e| Error::Kafka {
-                        source_name: self.name.clone(),
-                        what: format!("seek {topic}/{partition} to {lo}"),
-                        reason: e.to_string(),
-                        transient: is_transient(&e),
-                    })?;
+            match range_gap(pos, end, lo, hi) {
+                None => {}
+                Some(RangeGap::StartDeleted { to }) => {
+                    self.lost(
+                        &topic,
+                        partition,
+                        pos,
+                        to,
+                        format!(
+                            "deleted before this batch read them (the earliest offset is now {lo})"
+                        ),
+                    )?;
+                    if to < end {
+                        let consumer = self.consumer.clone();
+                        let t = topic.clone();
+                        tokio::task::spawn_blocking(move || {
+                            consumer.seek(&t, partition, KOffset::Offset(lo), timeout)
+                        })
+                        .await
+                        .map_err(|e| Error::Kafka {
+                            source_name: self.name.clone(),
+                            what: format!("seek {topic}/{partition} to {lo}"),
+                            reason: e.to_string(),
+                            transient: false,
+                        })?
+                        .map_err(|e| Error::Kafka {
+                            source_name: self.name.clone(),
+                            what: format!("seek {topic}/{partition} to {lo}"),
+                            reason: e.to_string(),
+                            transient: is_transient(&e),
+                        })?;
+                    }
+                    self.remaining.insert((topic, partition), (to, end));
+                    changed = true;
                 }
-                self.remaining.insert((topic, partition), (to, end));
-                changed = true;
-            } else if hi <= pos && pos < end {
-                self.lost(
-                    &topic,
-                    partition,
-                    pos,
-                    end,
-                    format!(
-                        "no longer in the partition, which now ends at {hi} (the log was \
+                Some(RangeGap::TailGone) => {
+                    self.lost(
+                        &topic,
+                        partition,
+                        pos,
+                        end,
+                        format!(
+                            "no longer in the partition, which now ends at {hi} (the log was \
                          truncated, or the topic recreated)"
-                    ),
-                )?;
-                self.remaining.insert((topic, partition), (end, end));
-                changed = true;
+                        ),
+                    )?;
+                    self.remaining.insert((topic, partition), (end, end));
+                    changed = true;
+                }
             }
         }
         if changed {
@@ -1764,6 +1796,27 @@ impl RowBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reader_tells_a_deleted_start_and_a_gone_tail_from_a_range_still_being_read() {
+        // Still readable: inside the log, or done.
+        assert_eq!(range_gap(10, 20, 0, 25), None);
+        assert_eq!(range_gap(10, 20, 0, 15), None);
+        assert_eq!(range_gap(20, 20, 30, 40), None);
+        // Retention deleted the start: skip to the earliest offset, or the
+        // whole rest when the earliest lies past the end.
+        assert_eq!(
+            range_gap(10, 20, 15, 25),
+            Some(RangeGap::StartDeleted { to: 15 })
+        );
+        assert_eq!(
+            range_gap(10, 20, 30, 40),
+            Some(RangeGap::StartDeleted { to: 20 })
+        );
+        // The reader reached the log's end before the planned end.
+        assert_eq!(range_gap(12, 20, 0, 12), Some(RangeGap::TailGone));
+        assert_eq!(range_gap(10, 20, 0, 3), Some(RangeGap::TailGone));
+    }
 
     #[test]
     fn a_start_past_the_end_resumes_at_the_end_unless_the_topic_id_changed() {
