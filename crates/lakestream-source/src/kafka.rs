@@ -354,11 +354,15 @@ pub struct LostRange {
 /// when reading goes on at `s`.
 ///
 /// A changed topic id proves that the topic was deleted and recreated: its
-/// offsets describe other records, so every partition is read from `lo`,
-/// whatever `s`. Below `lo` the records were deleted (retention): resume at
-/// `lo`. Above `hi` without a changed id the log was truncated (an unclean
-/// leader election), or a recreation went unproven: reading resumes at
-/// `hi`, so no offset the table already holds a record for is read again.
+/// offsets describe other records. When `s` lies past the new partition's
+/// end, no batch can have read the new topic, and it is read from `lo`;
+/// when `s` lies inside it, batches since the last id check may have read
+/// the new topic from `s` on, so reading goes on at `s` (never a record
+/// twice) and the offsets before `s` are recorded as possibly unread.
+/// Below `lo` the records were deleted (retention): resume at `lo`. Above
+/// `hi` without a changed id the log was truncated (an unclean leader
+/// election), or a recreation went unproven: reading resumes at `hi`, so
+/// no offset the table already holds a record for is read again.
 fn resume_point(
     s: i64,
     lo: i64,
@@ -369,13 +373,22 @@ fn resume_point(
     if let (Some(was), Some(now)) = (recorded_id, current_id)
         && was != now
     {
-        return Some((
-            lo,
-            format!(
-                "the topic was recreated (topic id {was} is now {now}): the checkpoint expects \
-                 offset {s} of the old topic, and the new one holds offsets {lo}..{hi}"
-            ),
-        ));
+        let recreated = format!(
+            "the topic was recreated (topic id {was} is now {now}): the checkpoint expects \
+             offset {s} of the old topic, and the new one holds offsets {lo}..{hi}"
+        );
+        return Some(if s > hi {
+            (lo, recreated)
+        } else {
+            (
+                s.max(lo),
+                format!(
+                    "{recreated}; reading goes on at {}, and offsets {lo}..{s} of the new \
+                     topic may never have been read",
+                    s.max(lo)
+                ),
+            )
+        });
     }
     if s < lo {
         return Some((
@@ -1839,11 +1852,12 @@ mod tests {
             assert_eq!(at, 7, "{was:?} {now:?}");
             assert!(detail.contains("offsets 7..12"), "{detail}");
         }
-        // Recreated, proven by the id: the new topic from its start, even
-        // where it already holds the old offset.
-        for (s, lo, hi) in [(12, 0, 7), (5, 0, 10), (0, 0, 0)] {
+        // Recreated, proven by the id: past the new end, the new topic from
+        // its start; inside it (batches may have read it since the last
+        // check), on from the offset, never a record twice.
+        for (s, lo, hi, at_expected) in [(12, 0, 7, 0), (5, 0, 10, 5), (0, 0, 0, 0), (3, 4, 9, 4)] {
             let (at, detail) = resume_point(s, lo, hi, Some("a"), Some("b")).unwrap();
-            assert_eq!(at, lo, "{s} {lo} {hi}");
+            assert_eq!(at, at_expected, "{s} {lo} {hi}");
             assert!(detail.contains("recreated"), "{detail}");
         }
     }
