@@ -268,6 +268,16 @@ fn bad_option_values_are_refused_with_exit_2_before_anything_runs() {
         ),
         (
             "'max_files_per_trigger' '1'",
+            "'max_file_age' '0s'",
+            "max_file_age",
+        ),
+        (
+            "'max_files_per_trigger' '1'",
+            "'max_file_age' '400d'",
+            "max_file_age",
+        ),
+        (
+            "'max_files_per_trigger' '1'",
             "'max_files_per_trigger' '99999999999999999999999'",
             "max_files_per_trigger",
         ),
@@ -456,11 +466,12 @@ fn a_restart_with_other_sources_or_another_table_is_refused_and_a_new_filter_is_
             "{word}: another table was created"
         );
     }
-    // A changed filter keeps the offsets' meaning: allowed, and only the new
-    // file is read.
+    // A changed filter (or option) keeps the offsets' meaning: allowed,
+    // and only the new file is read.
     std::fs::write(
         dir.join("job.sql"),
-        job.replace("WHERE amount > 0", "WHERE amount > 2"),
+        job.replace("WHERE amount > 0", "WHERE amount > 2")
+            .replace("OPTIONS (", "OPTIONS ('max_file_age' '30d', "),
     )
     .unwrap();
     let o = run_once(dir, "job.sql");
