@@ -189,18 +189,7 @@ fn a_planned_file_that_vanished_fails_the_batch_unless_skipping_is_asked_for() {
     let skipping = events_job(&input, &dir.join("out"), 1)
         .replace("OPTIONS (", "OPTIONS ('missing_files' 'skip', ");
     std::fs::write(dir.join("job.sql"), skipping).unwrap();
-    let o = run_in(
-        dir,
-        &[
-            "run",
-            "job.sql",
-            "--checkpoint",
-            "ckpt",
-            "--trigger",
-            "available-now",
-            "--progress-json",
-        ],
-    );
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &["--progress-json"]);
     assert!(o.status.success(), "{}", text(&o));
     let progress: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
         .lines()

@@ -435,19 +435,13 @@ fn a_replayed_range_the_log_no_longer_holds_fails_promptly_or_is_skipped_and_rec
         kafka_job(&broker.bootstrap(), "trunc", "out", &opts)
     };
     std::fs::write(dir.join("job.sql"), job("")).unwrap();
-    let o = bin()
-        .current_dir(dir)
-        .env("LAKESTREAM_FAIL_POINT", "after-write-ahead:1")
-        .args([
-            "run",
-            "job.sql",
-            "--checkpoint",
-            "ckpt",
-            "--trigger",
-            "available-now",
-        ])
-        .output()
-        .unwrap();
+    let o = run_available_now(
+        dir,
+        "job.sql",
+        "ckpt",
+        &[("LAKESTREAM_FAIL_POINT", "after-write-ahead:1".into())],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert_eq!(read_py(&dir.join("out")).len(), 10);
     broker.delete_topic("trunc");
