@@ -33,10 +33,11 @@ use deltalake::kernel::transaction::{
     CommitBuilder, CommitData, CommitProperties, TransactionError,
 };
 use deltalake::kernel::{Action, StructType, Transaction};
-use deltalake::logstore::CommitOrBytes;
+use buoyant_kernel::table_features::ColumnMappingMode;
+use deltalake::logstore::{CommitOrBytes, LogStore, LogStoreRef};
 use deltalake::protocol::{DeltaOperation, OutputMode, SaveMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
-use deltalake::{DeltaTable, DeltaTableError};
+use deltalake::{BlindDeltaTable, DeltaTable, DeltaTableError};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use tokio::sync::Mutex;
@@ -130,13 +131,31 @@ pub struct DeltaSink {
     name: String,
     location: Location,
     options: DeltaSinkOptions,
-    table: Mutex<Option<DeltaTable>>,
+    table: Mutex<Option<Loaded>>,
     txn: Mutex<Option<TxnCache>>,
     /// The newest version this sink committed or loaded; the loaded state
     /// in `table` may be older (appends do not update it).
     head: std::sync::Mutex<Option<u64>>,
     /// The Delta checkpoint being written in the background.
     checkpointing: std::sync::Mutex<Checkpointing>,
+}
+
+/// The sink's view of its table.
+///
+/// Appends need the table's protocol, schema, properties and newest
+/// version, never its file list, whose load costs more with every file the
+/// table holds (a query's restart after 5,000 batches spent most of its
+/// time there). So the file list is loaded only where delta-rs needs it.
+#[derive(Debug)]
+struct Loaded {
+    /// Protocol, schema and properties without the file list, as of
+    /// `meta.version()`; the writers' store. Reloaded when another writer
+    /// committed (it may have changed the schema).
+    meta: BlindDeltaTable,
+    /// The table with its file list, loaded on first need: delta-rs's own
+    /// commit (writer protocols above 2, a version another writer took)
+    /// and compaction.
+    full: Option<DeltaTable>,
 }
 
 /// A Delta checkpoint written off the batch path.
@@ -212,7 +231,31 @@ impl DeltaSink {
         }
     }
 
-    async fn load(&self) -> Result<DeltaTable> {
+    /// The table's log store, served by the location's store.
+    fn log_store(&self) -> Result<LogStoreRef> {
+        self.location.ensure_local_dir()?;
+        Ok(open_table(&self.location)
+            .map_err(|e| self.table_err(e))?
+            .log_store())
+    }
+
+    /// The table's metadata at its latest version, without its file list:
+    /// `None` when no table is there yet.
+    async fn load_meta(&self) -> Result<Option<BlindDeltaTable>> {
+        match BlindDeltaTable::try_new_with_log_store(self.log_store()?).await {
+            Ok(meta) => Ok(Some(meta)),
+            Err(DeltaTableError::NotATable(msg)) => {
+                no_table_at(&self.location, &msg)
+                    .await
+                    .map_err(|e| self.table_err(e))?;
+                Ok(None)
+            }
+            Err(e) => Err(self.table_err(e)),
+        }
+    }
+
+    /// The table with its file list, at its latest version.
+    async fn load_full(&self) -> Result<DeltaTable> {
         self.location.ensure_local_dir()?;
         let mut table = open_table(&self.location).map_err(|e| self.table_err(e))?;
         load_checked(&self.location, &mut table)
@@ -221,29 +264,35 @@ impl DeltaSink {
         Ok(table)
     }
 
-    /// Refresh the cached table to its latest version and run `f` on it.
-    async fn with_latest<T>(&self, f: impl FnOnce(&DeltaTable) -> T) -> Result<T> {
-        let mut guard = self.table.lock().await;
-        let table = match guard.as_mut() {
-            Some(t) => t,
-            None => guard.insert(self.load().await?),
+    /// The loaded table's file list, brought to the newest version this
+    /// sink has seen (loaded on first use).
+    async fn full<'a>(&self, loaded: &'a mut Loaded) -> Result<&'a mut DeltaTable> {
+        let head = self.head(loaded);
+        let full = match loaded.full.take() {
+            Some(mut t) => {
+                if t.version() != head {
+                    t.update_state().await.map_err(|e| self.table_err(e))?;
+                }
+                t
+            }
+            None => self.load_full().await?,
         };
-        if table.version().is_some() {
-            table.update_state().await.map_err(|e| self.table_err(e))?;
-        } else {
-            table.load().await.map_err(|e| self.table_err(e))?;
+        if let Some(v) = full.version() {
+            self.set_head(v);
         }
-        Ok(f(table))
+        Ok(loaded.full.insert(full))
     }
 
     /// The newest table version this sink has seen: its own last commit,
     /// or the loaded state when that is newer.
-    fn head(&self, table: &DeltaTable) -> Option<u64> {
+    fn head(&self, loaded: &Loaded) -> Option<u64> {
         let known = *self.head.lock().expect("head lock");
-        match (known, table.version()) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        }
+        let loaded_version = loaded
+            .full
+            .as_ref()
+            .and_then(|t| t.version())
+            .map_or(loaded.meta.version(), |v| v.max(loaded.meta.version()));
+        Some(known.map_or(loaded_version, |k| k.max(loaded_version)))
     }
 
     fn set_head(&self, version: u64) {
@@ -251,12 +300,27 @@ impl DeltaSink {
         *head = Some(head.map_or(version, |h| h.max(version)));
     }
 
-    /// Bring the loaded state to the table's latest version.
-    async fn refresh(&self, table: &mut DeltaTable) -> Result<()> {
-        table.update_state().await.map_err(|e| self.table_err(e))?;
-        if let Some(v) = table.version() {
-            self.set_head(v);
+    /// Learn the table's latest version. A version past this sink's own
+    /// head was committed by another writer, which may have changed the
+    /// schema or protocol: the metadata is reloaded then (and the file
+    /// list, when one is loaded).
+    async fn refresh(&self, loaded: &mut Loaded) -> Result<()> {
+        let head = self.head(loaded).unwrap_or_default();
+        let latest = loaded
+            .meta
+            .log_store()
+            .get_latest_version(head)
+            .await
+            .map_err(|e| self.table_err(e))?;
+        if latest > head {
+            if let Some(meta) = self.load_meta().await? {
+                loaded.meta = meta;
+            }
+            if let Some(full) = loaded.full.as_mut() {
+                full.update_state().await.map_err(|e| self.table_err(e))?;
+            }
         }
+        self.set_head(latest);
         Ok(())
     }
 
@@ -272,18 +336,17 @@ impl DeltaSink {
     /// and checks for conflicts).
     async fn append_commit(
         &self,
-        table: &DeltaTable,
+        loaded: &Loaded,
         actions: &[Action],
         operation: DeltaOperation,
         app_metadata: HashMap<String, serde_json::Value>,
         transaction: Transaction,
         batch_id: u64,
     ) -> Result<Append> {
-        let Some(head) = self.head(table) else {
+        let Some(head) = self.head(loaded) else {
             return Ok(Append::NotApplicable);
         };
-        let state = table.snapshot().map_err(|e| self.table_err(e))?;
-        if state.protocol().min_writer_version() > 2 {
+        if loaded.meta.protocol().min_writer_version() > 2 {
             return Ok(Append::NotApplicable);
         }
         let commit_err = |e: TransactionError| Error::Commit {
@@ -295,7 +358,8 @@ impl DeltaSink {
         let bytes = CommitData::new(actions.to_vec(), operation, app_metadata, vec![transaction])
             .get_bytes()
             .map_err(commit_err)?;
-        match table
+        match loaded
+            .meta
             .log_store()
             .write_commit_entry(
                 version,
@@ -318,27 +382,21 @@ impl DeltaSink {
     ///
     /// The checkpoint is written off the batch path, on its own task: it
     /// loads the table (its cost grows with the table's files) and the
-    /// next batches do not wait for it. The fresh table it loaded becomes
-    /// the sink's state at the next commit ([`Self::collect_checkpoint`]).
+    /// next batches do not wait for it.
     /// The batch is committed whatever happens to the checkpoint: a failure
     /// is logged and the next due one tries again.
-    async fn after_append(&self, table: &mut DeltaTable, version: u64, info: &CommitInfo) {
+    async fn after_append(&self, loaded: &mut Loaded, version: u64, info: &CommitInfo) {
         let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
         self.set_head(version);
         self.remember_txn(&info.query_id, version, Some(batch))
             .await;
-        self.collect_checkpoint(table, false).await;
-        match checkpoint_interval(table) {
-            Ok(interval) if (version + 1).is_multiple_of(interval) => {
-                let cleanup = (version + 1).is_multiple_of(cleanup_every(interval));
-                self.spawn_checkpoint(version, cleanup);
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(table = %self.name, error = %e, "no table configuration; no checkpoint");
-            }
+        self.collect_checkpoint(loaded, false).await;
+        let interval = checkpoint_interval(&loaded.meta);
+        if (version + 1).is_multiple_of(interval) {
+            let cleanup = (version + 1).is_multiple_of(cleanup_every(interval));
+            self.spawn_checkpoint(version, cleanup);
         }
-        self.maybe_compact(table, info.batch_id).await;
+        self.maybe_compact(loaded, info.batch_id).await;
     }
 
     /// Write a Delta checkpoint at the table's latest version (at least
@@ -378,10 +436,11 @@ impl DeltaSink {
     }
 
     /// Take the result of a finished background checkpoint (with `wait`,
-    /// wait for a running one): its freshly loaded table replaces `table`
-    /// when it is at least as new, which keeps the sink's state near the
-    /// table's head without replaying commits.
-    async fn collect_checkpoint(&self, table: &mut DeltaTable, wait: bool) {
+    /// wait for a running one). Its freshly loaded table replaces the
+    /// sink's file list when the sink holds one (a state reloaded from a
+    /// checkpoint does not replay the commits since the old one); the
+    /// sink does not start holding one for it.
+    async fn collect_checkpoint(&self, loaded: &mut Loaded, wait: bool) {
         let handle = {
             let mut slot = self.checkpointing.lock().expect("checkpoint slot");
             if wait || slot.running.as_ref().is_some_and(|h| h.is_finished()) {
@@ -402,8 +461,10 @@ impl DeltaSink {
                 if let Some(v) = fresh.version() {
                     self.set_head(v);
                 }
-                if fresh.version() >= table.version() {
-                    *table = fresh;
+                if let Some(full) = loaded.full.as_mut()
+                    && fresh.version() >= full.version()
+                {
+                    *full = fresh;
                 }
             }
             Ok(Err(e)) => {
@@ -414,23 +475,24 @@ impl DeltaSink {
             }
         }
         if let Some(cleanup) = due {
-            self.spawn_checkpoint(self.head(table).unwrap_or_default(), cleanup);
+            self.spawn_checkpoint(self.head(loaded).unwrap_or_default(), cleanup);
         }
     }
 
     /// Compact after every `auto_compact_every` batches.
-    async fn maybe_compact(&self, table: &mut DeltaTable, batch_id: u64) {
+    async fn maybe_compact(&self, loaded: &mut Loaded, batch_id: u64) {
         if let Some(n) = self.options.auto_compact_every
             && (batch_id + 1).is_multiple_of(n)
         {
-            if self.head(table) != table.version()
-                && let Err(e) = self.refresh(table).await
-            {
-                tracing::warn!(table = %self.name, batch_id, error = %e, "auto-compaction skipped: the table could not be read");
-                return;
-            }
-            self.compact(table, batch_id).await;
-            if let Some(v) = table.version() {
+            let full = match self.full(loaded).await {
+                Ok(full) => full,
+                Err(e) => {
+                    tracing::warn!(table = %self.name, batch_id, error = %e, "auto-compaction skipped: the table could not be read");
+                    return;
+                }
+            };
+            self.compact(full, batch_id).await;
+            if let Some(v) = full.version() {
                 self.set_head(v);
             }
         }
@@ -460,29 +522,28 @@ impl DeltaSink {
         }
     }
 
-    /// The txn version recorded for `query_id` in `table`'s current state.
+    /// The txn version recorded for `query_id` as of the newest version
+    /// this sink has seen.
     ///
     /// The whole-log lookup costs more as the log grows between Delta
     /// checkpoints, so the answer is cached per table version and brought
     /// up to date by reading only the commits made since (usually none:
     /// this process is the only writer of its query).
-    async fn txn_version(&self, table: &DeltaTable, query_id: &str) -> Result<Option<i64>> {
-        let current = table.version().unwrap_or_default();
+    async fn txn_version(&self, loaded: &Loaded, query_id: &str) -> Result<Option<i64>> {
+        let current = self.head(loaded).unwrap_or_default();
+        let log_store = loaded.meta.log_store();
         let cached = self.txn.lock().await.clone();
         if let Some(c) = cached
             && c.app_id == query_id
             && c.table_version <= current
             && current - c.table_version <= MAX_INCREMENTAL_TXN_SCAN
-            && let Some(txn) = self
-                .scan_txn(table, query_id, c.table_version, current, c.txn)
+            && let Some(txn) = scan_txn(log_store.as_ref(), query_id, c.table_version, current, c.txn)
                 .await
         {
             self.remember_txn(query_id, current, txn).await;
             return Ok(txn);
         }
-        let state = table.snapshot().map_err(|e| self.table_err(e))?;
-        let txn = state
-            .transaction_version(table.log_store().as_ref(), query_id)
+        let txn = snapshot_txn(&log_store, current, query_id)
             .await
             .map_err(|e| self.table_err(e))?;
         self.remember_txn(query_id, current, txn).await;
@@ -496,45 +557,66 @@ impl DeltaSink {
             txn,
         });
     }
+}
 
-    /// The txn version of `app_id` after the commits `(from, to]`, starting
-    /// from `txn` at `from`; `None` when a commit cannot be read (then the
-    /// caller asks delta-rs).
-    async fn scan_txn(
-        &self,
-        table: &DeltaTable,
-        app_id: &str,
-        from: u64,
-        to: u64,
-        mut txn: Option<i64>,
-    ) -> Option<Option<i64>> {
-        let store = table.log_store();
-        for v in from + 1..=to {
-            let bytes = store.read_commit_entry(v).await.ok()??;
-            for line in bytes.split(|b| *b == b'\n') {
-                // Cheap pre-filter: most commit lines are adds.
-                if !line.windows(6).any(|w| w == b"\"txn\":") {
-                    continue;
-                }
-                let action: serde_json::Value = serde_json::from_slice(line).ok()?;
-                let t = &action["txn"];
-                if t["appId"].as_str() == Some(app_id) {
-                    txn = Some(t["version"].as_i64()?);
-                }
+/// The txn version of `app_id` after the commits `(from, to]`, starting
+/// from `txn` at `from`; `None` when a commit cannot be read (then the
+/// caller reads the snapshot).
+async fn scan_txn(
+    store: &dyn LogStore,
+    app_id: &str,
+    from: u64,
+    to: u64,
+    mut txn: Option<i64>,
+) -> Option<Option<i64>> {
+    for v in from + 1..=to {
+        let bytes = store.read_commit_entry(v).await.ok()??;
+        for line in bytes.split(|b| *b == b'\n') {
+            // Cheap pre-filter: most commit lines are adds.
+            if !line.windows(6).any(|w| w == b"\"txn\":") {
+                continue;
+            }
+            let action: serde_json::Value = serde_json::from_slice(line).ok()?;
+            let t = &action["txn"];
+            if t["appId"].as_str() == Some(app_id) {
+                txn = Some(t["version"].as_i64()?);
             }
         }
-        Some(txn)
     }
+    Some(txn)
+}
+
+/// The txn version of `app_id` in the table's snapshot at `version`, read
+/// by the Delta kernel from the newest checkpoint and the commits after it
+/// (the txn column only: no file list is built).
+async fn snapshot_txn(
+    log_store: &LogStoreRef,
+    version: u64,
+    app_id: &str,
+) -> Result<Option<i64>, DeltaTableError> {
+    let engine = log_store.engine(None);
+    // The kernel joins paths onto the root: it must end with a slash.
+    let mut root = log_store.root_url().clone();
+    if !root.path().ends_with('/') {
+        root.set_path(&format!("{}/", root.path()));
+    }
+    let app_id = app_id.to_string();
+    tokio::task::spawn_blocking(move || {
+        let snapshot = buoyant_kernel::snapshot::Snapshot::builder_for(root.as_str())
+            .at_version(version)
+            .build(engine.as_ref())?;
+        Ok(snapshot.get_app_id_version(&app_id, engine.as_ref())?)
+    })
+    .await
+    .map_err(|e| DeltaTableError::Generic(format!("txn lookup task: {e}")))?
 }
 
 /// The table's `delta.checkpointInterval` (delta-rs's default: 100).
-fn checkpoint_interval(table: &DeltaTable) -> Result<u64, DeltaTableError> {
-    Ok(table
-        .snapshot()?
-        .table_config()
+fn checkpoint_interval(meta: &BlindDeltaTable) -> u64 {
+    meta.table_properties()
         .checkpoint_interval
         .map(|n| n.get())
-        .unwrap_or(100))
+        .unwrap_or(100)
 }
 
 /// Versions between expired-log cleanups: a multiple of the checkpoint
@@ -569,24 +651,28 @@ pub async fn load_table(location: &Location) -> Result<Option<DeltaTable>, Delta
 }
 
 /// Load `table` (at `location`); a missing table is not an error and
-/// leaves it unloaded. "Not a table" must mean no log at all: a log that
-/// could not be listed or read (a store error on the way) is an error,
-/// never a reason to create the table afresh or read its files raw.
+/// leaves it unloaded.
 async fn load_checked(location: &Location, table: &mut DeltaTable) -> Result<(), DeltaTableError> {
-    use futures::StreamExt;
     match table.load().await {
-        Err(DeltaTableError::NotATable(msg)) => {
-            let log = location.child("_delta_log");
-            match location.store().list(Some(&log)).next().await {
-                None => Ok(()),
-                Some(Err(e)) => Err(DeltaTableError::ObjectStore { source: e }),
-                Some(Ok(_)) => Err(DeltaTableError::Generic(format!(
-                    "the table has a _delta_log that could not be loaded ({msg}); retry, or \
-                     check the store"
-                ))),
-            }
-        }
+        Err(DeltaTableError::NotATable(msg)) => no_table_at(location, &msg).await,
         other => other,
+    }
+}
+
+/// After delta-rs found no table at `location` (`msg`): `Ok` when there is
+/// really no log at all. A log that could not be listed or read (a store
+/// error on the way) is an error, never a reason to create the table
+/// afresh or read its files raw.
+async fn no_table_at(location: &Location, msg: &str) -> Result<(), DeltaTableError> {
+    use futures::StreamExt;
+    let log = location.child("_delta_log");
+    match location.store().list(Some(&log)).next().await {
+        None => Ok(()),
+        Some(Err(e)) => Err(DeltaTableError::ObjectStore { source: e }),
+        Some(Ok(_)) => Err(DeltaTableError::Generic(format!(
+            "the table has a _delta_log that could not be loaded ({msg}); retry, or check the \
+             store"
+        ))),
     }
 }
 
@@ -712,42 +798,43 @@ impl Sink for DeltaSink {
         }
         self.location.verify_atomic_create().await?;
         let mut guard = self.table.lock().await;
-        let table = self.load().await?;
-        let table = if table.version().is_none() {
-            let kernel: StructType =
-                wanted
-                    .as_ref()
-                    .try_into_kernel()
-                    .map_err(|e| Error::InvalidConfig {
-                        table: self.name.clone(),
-                        reason: format!("the query's output cannot be a Delta schema: {e}"),
-                    })?;
-            let created = table
-                .create()
-                .with_columns(kernel.fields().cloned())
-                .with_partition_columns(self.options.partition_columns.clone())
-                .with_configuration_property(
-                    TableProperty::CheckpointInterval,
-                    Some(self.options.checkpoint_interval.max(1).to_string()),
-                )
-                .with_save_mode(SaveMode::Ignore)
-                .await;
-            match created {
-                Ok(t) => t,
+        let meta = match self.load_meta().await? {
+            Some(meta) => meta,
+            None => {
+                let kernel: StructType =
+                    wanted
+                        .as_ref()
+                        .try_into_kernel()
+                        .map_err(|e| Error::InvalidConfig {
+                            table: self.name.clone(),
+                            reason: format!("the query's output cannot be a Delta schema: {e}"),
+                        })?;
+                let created = open_table(&self.location)
+                    .map_err(|e| self.table_err(e))?
+                    .create()
+                    .with_columns(kernel.fields().cloned())
+                    .with_partition_columns(self.options.partition_columns.clone())
+                    .with_configuration_property(
+                        TableProperty::CheckpointInterval,
+                        Some(self.options.checkpoint_interval.max(1).to_string()),
+                    )
+                    .with_save_mode(SaveMode::Ignore)
+                    .await;
                 // Created by someone else meanwhile: check it like any table.
-                Err(e) => {
-                    let t = self.load().await?;
-                    if t.version().is_none() {
-                        return Err(self.table_err(e));
+                match (self.load_meta().await?, created) {
+                    (Some(meta), _) => meta,
+                    (None, Err(e)) => return Err(self.table_err(e)),
+                    (None, Ok(_)) => {
+                        return Err(self.table_err(DeltaTableError::Generic(
+                            "the table was created but its log cannot be read back; check the \
+                             store"
+                                .into(),
+                        )));
                     }
-                    t
                 }
             }
-        } else {
-            table
         };
-        let state = table.snapshot().map_err(|e| self.table_err(e))?;
-        let existing = state.snapshot().arrow_schema();
+        let existing = meta.arrow_schema().map_err(|e| self.table_err(e))?;
         let have = delta_schema(&existing);
         if have.fields().len() != wanted.fields().len()
             || have
@@ -765,7 +852,7 @@ impl Sink for DeltaSink {
                 ),
             });
         }
-        let parts: Vec<String> = state.metadata().partition_columns().to_vec();
+        let parts: Vec<String> = meta.metadata().partition_columns().to_vec();
         if !self.options.partition_columns.is_empty() && parts != self.options.partition_columns {
             return Err(Error::SchemaMismatch {
                 table: self.name.clone(),
@@ -776,50 +863,58 @@ impl Sink for DeltaSink {
                 ),
             });
         }
-        *guard = Some(table);
+        if meta
+            .table_properties()
+            .column_mapping_mode
+            .is_some_and(|m| m != ColumnMappingMode::None)
+        {
+            return Err(Error::InvalidConfig {
+                table: self.name.clone(),
+                reason: "the table uses column mapping, which lakestream cannot write yet; \
+                         write to a table without it"
+                    .into(),
+            });
+        }
+        self.set_head(meta.version());
+        *guard = Some(Loaded { meta, full: None });
         Ok(())
     }
 
     async fn committed_batch(&self, query_id: &str) -> Result<Option<u64>> {
         let mut guard = self.table.lock().await;
-        let table = match guard.as_mut() {
-            Some(t) => t,
-            None => guard.insert(self.load().await?),
+        let loaded = match guard.as_mut() {
+            Some(l) => l,
+            None => match self.load_meta().await? {
+                Some(meta) => guard.insert(Loaded { meta, full: None }),
+                None => return Ok(None),
+            },
         };
-        if table.version().is_none() {
-            return Ok(None);
-        }
-        table.update_state().await.map_err(|e| self.table_err(e))?;
+        self.refresh(loaded).await?;
         Ok(self
-            .txn_version(table, query_id)
+            .txn_version(loaded, query_id)
             .await?
             .and_then(|v| u64::try_from(v).ok()))
     }
 
     async fn begin(&self, batch_id: u64) -> Result<Box<dyn BatchWriter>> {
         let guard = self.table.lock().await;
-        let table = guard.as_ref().ok_or_else(|| Error::InvalidConfig {
+        let loaded = guard.as_ref().ok_or_else(|| Error::InvalidConfig {
             table: self.name.clone(),
             reason: "the sink was not opened".into(),
         })?;
+        let write_err = |e: DeltaTableError| Error::Write {
+            table: self.name.clone(),
+            batch_id,
+            source: Box::new(e),
+        };
         let props = WriterProperties::builder()
             .set_compression(self.options.compression)
             .build();
-        let writer = RecordBatchWriter::for_table(table)
-            .map_err(|e| Error::Write {
-                table: self.name.clone(),
-                batch_id,
-                source: Box::new(e),
-            })?
+        let writer = RecordBatchWriter::for_blind_appends(&loaded.meta)
+            .map_err(write_err)?
             .with_writer_properties(props)
             .with_target_file_size(self.options.target_file_size);
-        let schema = delta_schema(
-            &table
-                .snapshot()
-                .map_err(|e| self.table_err(e))?
-                .snapshot()
-                .arrow_schema(),
-        );
+        let schema = delta_schema(loaded.meta.arrow_schema().map_err(write_err)?.as_ref());
         Ok(Box::new(DeltaBatchWriter {
             table: self.name.clone(),
             batch_id,
@@ -831,28 +926,28 @@ impl Sink for DeltaSink {
 
     async fn commit(&self, staged: Staged, info: &CommitInfo) -> Result<CommitOutcome> {
         let mut guard = self.table.lock().await;
-        let table = guard.as_mut().ok_or_else(|| Error::InvalidConfig {
+        let loaded = guard.as_mut().ok_or_else(|| Error::InvalidConfig {
             table: self.name.clone(),
             reason: "the sink was not opened".into(),
         })?;
-        self.collect_checkpoint(table, false).await;
+        self.collect_checkpoint(loaded, false).await;
         let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
         // With this query's txn known at the newest version this sink has
         // seen, the log is not re-read: a commit by another writer since
         // then makes our create-if-absent fail (or, on the delta-rs path,
         // is caught by its conflict check), and that path re-reads.
-        let head = self.head(table);
+        let head = self.head(loaded);
         let cached = self.txn.lock().await.clone();
         let txn = match cached {
             Some(c) if c.app_id == info.query_id && Some(c.table_version) == head => c.txn,
             _ => {
-                self.refresh(table).await?;
-                self.txn_version(table, &info.query_id).await?
+                self.refresh(loaded).await?;
+                self.txn_version(loaded, &info.query_id).await?
             }
         };
         if txn.is_some_and(|v| v >= batch) {
             return Ok(CommitOutcome::AlreadyCommitted {
-                version: self.head(table).unwrap_or_default(),
+                version: self.head(loaded).unwrap_or_default(),
             });
         }
         let mut meta = info.metadata.clone();
@@ -869,7 +964,7 @@ impl Sink for DeltaSink {
 
         let append = self
             .append_commit(
-                table,
+                loaded,
                 &staged.actions,
                 operation.clone(),
                 app_metadata.clone(),
@@ -878,20 +973,20 @@ impl Sink for DeltaSink {
             )
             .await?;
         if let Append::Committed(version) = append {
-            self.after_append(table, version, info).await;
+            self.after_append(loaded, version, info).await;
             return Ok(CommitOutcome::Committed { version });
         }
 
         // delta-rs's commit: for tables with newer writer protocols, and
         // after another writer committed the version we tried.
-        if append == Append::Taken || table.version() != self.head(table) {
-            self.refresh(table).await?;
+        if append == Append::Taken {
+            self.refresh(loaded).await?;
         }
-        if let Some(v) = self.txn_version(table, &info.query_id).await?
+        if let Some(v) = self.txn_version(loaded, &info.query_id).await?
             && v >= batch
         {
             return Ok(CommitOutcome::AlreadyCommitted {
-                version: table.version().unwrap_or_default(),
+                version: self.head(loaded).unwrap_or_default(),
             });
         }
         // delta-rs writes a Delta checkpoint with commit `v` when `v + 1` is
@@ -899,7 +994,8 @@ impl Sink for DeltaSink {
         // log: it runs with such a commit, and at most once per
         // CLEANUP_EVERY_VERSIONS versions, so a commit's cost does not grow
         // with the log.
-        let interval = checkpoint_interval(table).map_err(|e| self.table_err(e))?;
+        let interval = checkpoint_interval(&loaded.meta);
+        let table = self.full(loaded).await?;
         let next = table.version().unwrap_or_default() + 1;
         let props = CommitProperties::default()
             .with_cleanup_expired_logs(Some((next + 1).is_multiple_of(cleanup_every(interval))))
@@ -919,7 +1015,7 @@ impl Sink for DeltaSink {
                     // its own piece, and replaying them all makes each
                     // commit slower than the last; reloading from the fresh
                     // checkpoint keeps the cost of a commit flat.
-                    *table = self.load().await?;
+                    *table = self.load_full().await?;
                 } else {
                     // The commit returns the new state: no need to re-read the log.
                     table.state = Some(done.snapshot());
@@ -927,7 +1023,7 @@ impl Sink for DeltaSink {
                 self.set_head(version);
                 self.remember_txn(&info.query_id, version, Some(batch))
                     .await;
-                self.maybe_compact(table, info.batch_id).await;
+                self.maybe_compact(loaded, info.batch_id).await;
                 Ok(CommitOutcome::Committed { version })
             }
             Err(err) => {
@@ -940,12 +1036,12 @@ impl Sink for DeltaSink {
                     }
                 );
                 if conflict {
-                    self.refresh(table).await?;
-                    if let Some(v) = self.txn_version(table, &info.query_id).await?
+                    self.refresh(loaded).await?;
+                    if let Some(v) = self.txn_version(loaded, &info.query_id).await?
                         && v >= batch
                     {
                         return Ok(CommitOutcome::AlreadyCommitted {
-                            version: table.version().unwrap_or_default(),
+                            version: self.head(loaded).unwrap_or_default(),
                         });
                     }
                 }
@@ -964,7 +1060,7 @@ impl Sink for DeltaSink {
 
     async fn flush(&self) {
         let mut guard = self.table.lock().await;
-        let Some(table) = guard.as_mut() else { return };
+        let Some(loaded) = guard.as_mut() else { return };
         // Collecting a checkpoint may start one that fell due meanwhile.
         while self
             .checkpointing
@@ -973,12 +1069,21 @@ impl Sink for DeltaSink {
             .running
             .is_some()
         {
-            self.collect_checkpoint(table, true).await;
+            self.collect_checkpoint(loaded, true).await;
         }
     }
 
     async fn version(&self) -> Result<Option<u64>> {
-        self.with_latest(|t| t.version()).await
+        let mut guard = self.table.lock().await;
+        let loaded = match guard.as_mut() {
+            Some(l) => l,
+            None => match self.load_meta().await? {
+                Some(meta) => guard.insert(Loaded { meta, full: None }),
+                None => return Ok(None),
+            },
+        };
+        self.refresh(loaded).await?;
+        Ok(self.head(loaded))
     }
 }
 
