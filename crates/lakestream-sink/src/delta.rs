@@ -26,6 +26,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use async_trait::async_trait;
+use buoyant_kernel::table_features::ColumnMappingMode;
 use deltalake::TableProperty;
 use deltalake::checkpoints;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
@@ -33,7 +34,6 @@ use deltalake::kernel::transaction::{
     CommitBuilder, CommitData, CommitProperties, TransactionError,
 };
 use deltalake::kernel::{Action, StructType, Transaction};
-use buoyant_kernel::table_features::ColumnMappingMode;
 use deltalake::logstore::{CommitOrBytes, LogStore, LogStoreRef};
 use deltalake::protocol::{DeltaOperation, OutputMode, SaveMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
@@ -537,8 +537,14 @@ impl DeltaSink {
             && c.app_id == query_id
             && c.table_version <= current
             && current - c.table_version <= MAX_INCREMENTAL_TXN_SCAN
-            && let Some(txn) = scan_txn(log_store.as_ref(), query_id, c.table_version, current, c.txn)
-                .await
+            && let Some(txn) = scan_txn(
+                log_store.as_ref(),
+                query_id,
+                c.table_version,
+                current,
+                c.txn,
+            )
+            .await
         {
             self.remember_txn(query_id, current, txn).await;
             return Ok(txn);
