@@ -41,8 +41,6 @@
 //! # });
 //! ```
 
-pub mod location;
-
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 
@@ -52,7 +50,7 @@ use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use location::{Location, normalize_option_key, register_object_store, sync_local_file};
+use lakestream_storage::Location;
 
 /// The checkpoint file format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -69,18 +67,6 @@ pub enum Error {
         /// The checkpoint location.
         location: String,
         /// What showed the checkpoint is taken.
-        detail: String,
-    },
-    /// The store does not guarantee atomic create-if-absent writes.
-    #[error(
-        "{location} cannot be used: exactly-once needs atomic create-if-absent writes \
-         (conditional PUT, S3 If-None-Match) and this store does not honour them ({detail}); \
-         use a store that does (AWS S3, Google Cloud Storage, Azure Blob, SeaweedFS, MinIO)"
-    )]
-    NoAtomicCreate {
-        /// The location.
-        location: String,
-        /// What the probe saw.
         detail: String,
     },
     /// A checkpoint file cannot be parsed.
@@ -121,32 +107,9 @@ pub enum Error {
         /// Each difference, readable.
         differences: Vec<String>,
     },
-    /// A location string could not be turned into an object store.
-    #[error("invalid location {location:?}: {reason}")]
-    InvalidLocation {
-        /// The location as given.
-        location: String,
-        /// Why it was refused.
-        reason: String,
-    },
-    /// The object store failed.
-    #[error("checkpoint storage error at {file}: {source}")]
-    Store {
-        /// The file's URL.
-        file: String,
-        /// The store's error.
-        #[source]
-        source: object_store::Error,
-    },
-    /// A local file operation failed.
-    #[error("i/o error at {path}: {source}")]
-    Io {
-        /// The local path.
-        path: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The checkpoint's location or store failed.
+    #[error(transparent)]
+    Storage(#[from] lakestream_storage::Error),
 }
 
 /// The result type of this crate.
@@ -349,10 +312,10 @@ impl Checkpoint {
                 match put_json(&location, &path, &m, PutMode::Create).await {
                     Ok(()) => m,
                     // Another process created it first: theirs is the query id.
-                    Err(Error::Store {
+                    Err(Error::Storage(lakestream_storage::Error::Store {
                         source: object_store::Error::AlreadyExists { .. },
                         ..
-                    }) => read_metadata(&location)
+                    })) => read_metadata(&location)
                         .await?
                         .ok_or_else(|| Error::Corrupt {
                             file: file_url(&location, "metadata"),
@@ -405,10 +368,10 @@ impl Checkpoint {
         let name = format!("offsets/{}", entry.batch_id);
         let path = self.location.child(&name);
         match put_json(&self.location, &path, entry, PutMode::Create).await {
-            Err(Error::Store {
+            Err(Error::Storage(lakestream_storage::Error::Store {
                 source: object_store::Error::AlreadyExists { .. },
                 ..
-            }) => Err(Error::InUse {
+            })) => Err(Error::InUse {
                 location: self.location.url().to_string(),
                 detail: format!(
                     "{} was written by someone else while this process planned batch {}",
@@ -469,10 +432,10 @@ impl Checkpoint {
         match put_json(&self.location, &path, record, PutMode::Create).await {
             Ok(()) => Ok(()),
             // Another process recorded it first: compare with theirs.
-            Err(Error::Store {
+            Err(Error::Storage(lakestream_storage::Error::Store {
                 source: object_store::Error::AlreadyExists { .. },
                 ..
-            }) => match read_entry::<QueryRecord>(&self.location, "query").await? {
+            })) => match read_entry::<QueryRecord>(&self.location, "query").await? {
                 Some(recorded) => self.refuse_differences(record.differences(&recorded)),
                 None => Ok(()),
             },
@@ -666,7 +629,7 @@ fn take_lock(dir: &std::path::Path, url: &str) -> Result<File> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| Error::Io {
+        .map_err(|e| lakestream_storage::Error::Io {
             path: path.display().to_string(),
             source: e,
         })?;
@@ -676,10 +639,11 @@ fn take_lock(dir: &std::path::Path, url: &str) -> Result<File> {
             location: url.to_string(),
             detail: format!("{} is locked", path.display()),
         }),
-        Err(std::fs::TryLockError::Error(e)) => Err(Error::Io {
+        Err(std::fs::TryLockError::Error(e)) => Err(lakestream_storage::Error::Io {
             path: path.display().to_string(),
             source: e,
-        }),
+        }
+        .into()),
     }
 }
 
@@ -724,12 +688,15 @@ async fn read_entry<T: serde::de::DeserializeOwned + Versioned>(
     let path = location.child(name);
     let file = file_url(location, name);
     let bytes = match location.store().get(&path).await {
-        Ok(r) => r.bytes().await.map_err(|e| Error::Store {
-            file: file.clone(),
-            source: e,
-        })?,
+        Ok(r) => r
+            .bytes()
+            .await
+            .map_err(|e| lakestream_storage::Error::Store {
+                file: file.clone(),
+                source: e,
+            })?,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(Error::Store { file, source: e }),
+        Err(e) => return Err(lakestream_storage::Error::Store { file, source: e }.into()),
     };
     // Look at the version before the shape, so a newer format is reported as
     // such rather than as corruption.
@@ -775,13 +742,13 @@ async fn put_json<T: Serialize>(
         .store()
         .put_opts(path, PutPayload::from(bytes), opts)
         .await
-        .map_err(|e| Error::Store {
+        .map_err(|e| lakestream_storage::Error::Store {
             file: format!("{}{}", location.url(), path_below_root(location, path)),
             source: e,
         })?;
     // Durable before the next protocol step relies on it (a local store
     // does not sync by itself).
-    location.sync(path).await
+    Ok(location.sync(path).await?)
 }
 
 fn path_below_root(location: &Location, path: &Path) -> String {
@@ -799,7 +766,7 @@ async fn list_ids(location: &Location, dir: &str) -> Result<Vec<u64>> {
         .list(Some(&prefix))
         .try_collect()
         .await
-        .map_err(|e| Error::Store {
+        .map_err(|e| lakestream_storage::Error::Store {
             file: file_url(location, dir),
             source: e,
         })?;
@@ -864,10 +831,10 @@ async fn init_state_at(
     let body = serde_json::json!({ "version": FORMAT_VERSION, "state": state });
     match put_json(loc, &path, &body, PutMode::Create).await {
         Ok(()) => Ok(state),
-        Err(Error::Store {
+        Err(Error::Storage(lakestream_storage::Error::Store {
             source: object_store::Error::AlreadyExists { .. },
             ..
-        }) => Ok(read_state_at(loc, source, file).await?.unwrap_or(state)),
+        })) => Ok(read_state_at(loc, source, file).await?.unwrap_or(state)),
         Err(e) => Err(e),
     }
 }

@@ -268,12 +268,7 @@ fn parse_kv(items: &[String]) -> anyhow::Result<HashMap<String, String>> {
         .iter()
         .map(|s| {
             s.split_once('=')
-                .map(|(k, v)| {
-                    (
-                        lakestream::checkpoint::normalize_option_key(k),
-                        v.to_string(),
-                    )
-                })
+                .map(|(k, v)| (lakestream::storage::normalize_option_key(k), v.to_string()))
                 .with_context(|| format!("storage option {s:?} is not KEY=VALUE"))
         })
         .collect()

@@ -10,7 +10,7 @@ use datafusion::datasource::file_format::options::{
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::sqlparser::ast::visit_relations;
-use lakestream_engine::checkpoint::Location;
+use lakestream_engine::storage::Location;
 
 /// Run `sql`, registering each quoted path it names as a table, and print
 /// the result in `format` (`table`, `json` lines or `csv`).

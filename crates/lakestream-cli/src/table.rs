@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use deltalake::DeltaTable;
-use lakestream::checkpoint::Location;
+use lakestream::storage::Location;
 use serde_json::{Value, json};
 
 /// How many times a compaction that lost a race with another writer is

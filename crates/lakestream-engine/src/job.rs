@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
-use lakestream_checkpoint::normalize_option_key;
 use lakestream_plan::{Job, TableDecl};
 use lakestream_sink::delta::{DeltaSink, DeltaSinkOptions, delta_schema};
 use lakestream_source::Source;
@@ -18,6 +17,7 @@ use lakestream_source::files::{
     FileFormat, FileSource, FileSourceOptions, MissingFiles, TextCompression,
 };
 use lakestream_source::generator::{GeneratorOptions, GeneratorSource};
+use lakestream_storage::normalize_option_key;
 
 use crate::{Error, FailPoint, QueryBuilder, Result, Trigger};
 
@@ -809,8 +809,7 @@ async fn register_static(
     let err = |msg: String| -> Error { job.error(t.pos, msg).into() };
     let provider: Arc<dyn datafusion::datasource::TableProvider> = match t.format.as_str() {
         "DELTA" => {
-            let loc =
-                lakestream_checkpoint::Location::parse(&t.location, &store_options(t, storage))?;
+            let loc = lakestream_storage::Location::parse(&t.location, &store_options(t, storage))?;
             let table = lakestream_sink::delta::load_table(&loc)
                 .await
                 .map_err(|e| err(format!("cannot open Delta table {}: {e}", t.location)))?
@@ -826,8 +825,7 @@ async fn register_static(
         _ => {
             // DataFusion reads the files through the same store the rest of
             // the job uses (credentials, endpoint, retries).
-            let loc =
-                lakestream_checkpoint::Location::parse(&t.location, &store_options(t, storage))?;
+            let loc = lakestream_storage::Location::parse(&t.location, &store_options(t, storage))?;
             if loc.local_dir().is_none() {
                 ctx.register_object_store(loc.url(), loc.store().clone());
             }

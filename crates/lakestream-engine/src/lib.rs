@@ -30,6 +30,7 @@ pub use lakestream_checkpoint as checkpoint;
 pub use lakestream_plan as plan;
 pub use lakestream_sink as sink;
 pub use lakestream_source as source;
+pub use lakestream_storage as storage;
 
 /// Errors of a running query. Each says what failed and what to do.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,9 @@ pub enum Error {
     /// The checkpoint log failed or refused (in use, corrupt, unknown version).
     #[error(transparent)]
     Checkpoint(Box<lakestream_checkpoint::Error>),
+    /// A location could not be resolved, or its store failed.
+    #[error(transparent)]
+    Storage(Box<lakestream_storage::Error>),
     /// A source failed: bad option, planning or start-up failure.
     #[error(transparent)]
     Source(Box<lakestream_source::Error>),
@@ -106,6 +110,11 @@ pub enum Error {
 impl From<lakestream_checkpoint::Error> for Error {
     fn from(e: lakestream_checkpoint::Error) -> Self {
         Error::Checkpoint(Box::new(e))
+    }
+}
+impl From<lakestream_storage::Error> for Error {
+    fn from(e: lakestream_storage::Error) -> Self {
+        Error::Storage(Box::new(e))
     }
 }
 impl From<lakestream_source::Error> for Error {

@@ -43,7 +43,7 @@ use parquet::file::properties::WriterProperties;
 use tokio::sync::Mutex;
 
 use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged};
-use lakestream_checkpoint::Location;
+use lakestream_storage::Location;
 
 /// Default target size of a data file: 128 MiB.
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
@@ -352,7 +352,7 @@ impl DeltaSink {
         let commit_err = |e: TransactionError| Error::Commit {
             table: self.name.clone(),
             batch_id,
-            source: Box::new(e.into()),
+            source: Box::new(DeltaTableError::from(e)),
         };
         let version = head + 1;
         let bytes = CommitData::new(actions.to_vec(), operation, app_metadata, vec![transaction])
@@ -639,7 +639,7 @@ pub fn open_table(location: &Location) -> Result<DeltaTable, DeltaTableError> {
     register_log_stores();
     let url = location.url().clone();
     let store: deltalake::logstore::ObjectStoreRef = if url.scheme() == "file" {
-        Arc::new(crate::local_store::FastLocalStore::new())
+        Arc::new(lakestream_storage::FastLocalStore::new())
     } else {
         location.store().clone()
     };
@@ -937,6 +937,11 @@ impl Sink for DeltaSink {
             reason: "the sink was not opened".into(),
         })?;
         self.collect_checkpoint(loaded, false).await;
+        let actions: Vec<Action> = staged
+            .into_parts::<Vec<Action>>(&self.name)?
+            .into_iter()
+            .flatten()
+            .collect();
         let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
         // With this query's txn known at the newest version this sink has
         // seen, the log is not re-read: a commit by another writer since
@@ -971,7 +976,7 @@ impl Sink for DeltaSink {
         let append = self
             .append_commit(
                 loaded,
-                &staged.actions,
+                &actions,
                 operation.clone(),
                 app_metadata.clone(),
                 transaction.clone(),
@@ -1009,7 +1014,7 @@ impl Sink for DeltaSink {
             .with_metadata(app_metadata);
         let state = table.snapshot().map_err(|e| self.table_err(e))?;
         let result = CommitBuilder::from(props)
-            .with_actions(staged.actions)
+            .with_actions(actions)
             .build(Some(state), table.log_store(), operation)
             .await;
         match result {
@@ -1088,7 +1093,6 @@ impl Sink for DeltaSink {
                 None => return Ok(None),
             },
         };
-        self.refresh(loaded).await?;
         Ok(self.head(loaded))
     }
 }
@@ -1126,12 +1130,8 @@ impl BatchWriter for DeltaBatchWriter {
             source: Box::new(e),
         })?;
         let bytes = adds.iter().map(|a| a.size.max(0) as u64).sum();
-        Ok(Staged {
-            batch_id: self.batch_id,
-            rows: self.rows,
-            files: adds.len(),
-            bytes,
-            actions: adds.into_iter().map(Action::Add).collect(),
-        })
+        let files = adds.len();
+        let actions: Vec<Action> = adds.into_iter().map(Action::Add).collect();
+        Ok(Staged::new(self.batch_id, self.rows, files, bytes, actions))
     }
 }

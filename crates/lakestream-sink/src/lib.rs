@@ -15,10 +15,14 @@
 //! The sink sees a batch id and record batches, never source offsets; it
 //! never retries on its own beyond Delta's optimistic-concurrency rebase.
 //!
-//! Implementation here: [`delta::DeltaSink`] (Delta Lake through delta-rs).
+//! Implementations here: [`delta::DeltaSink`] (Delta Lake through delta-rs)
+//! and [`memory::MemorySink`] (batches kept in memory, for tests and
+//! embedders who consume the output themselves).
 
 pub mod delta;
-mod local_store;
+pub mod memory;
+
+use std::any::Any;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -55,7 +59,7 @@ pub enum Error {
         batch_id: u64,
         /// The underlying error.
         #[source]
-        source: Box<deltalake::DeltaTableError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The atomic commit failed; the batch is not in the table and may be
     /// retried.
@@ -67,7 +71,7 @@ pub enum Error {
         batch_id: u64,
         /// The underlying error.
         #[source]
-        source: Box<deltalake::DeltaTableError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Opening, creating or reading the table failed.
     #[error("table {table}: {source}")]
@@ -76,11 +80,11 @@ pub enum Error {
         table: String,
         /// The underlying error.
         #[source]
-        source: Box<deltalake::DeltaTableError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A location could not be resolved.
+    /// The table's location or store failed.
     #[error("sink: {0}")]
-    Location(#[from] lakestream_checkpoint::Error),
+    Storage(#[from] lakestream_storage::Error),
 }
 
 /// The result type of this crate.
@@ -98,8 +102,10 @@ pub struct CommitInfo {
     pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Files written for a batch, not yet visible.
-#[derive(Debug)]
+/// What the writers of a batch produced, not yet visible: counts the
+/// engine reports, and each writer's sink-specific part (the Delta sink's
+/// `add` actions, the memory sink's record batches), which only the sink
+/// that made it reads back in [`Sink::commit`].
 pub struct Staged {
     /// The batch id they belong to.
     pub batch_id: u64,
@@ -109,18 +115,64 @@ pub struct Staged {
     pub files: usize,
     /// Bytes written.
     pub bytes: u64,
-    actions: Vec<deltalake::kernel::Action>,
+    parts: Vec<Box<dyn Any + Send>>,
+}
+
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staged")
+            .field("batch_id", &self.batch_id)
+            .field("rows", &self.rows)
+            .field("files", &self.files)
+            .field("bytes", &self.bytes)
+            .field("parts", &self.parts.len())
+            .finish()
+    }
 }
 
 impl Staged {
-    /// Combine the files of two writers of the same batch, for one commit.
+    /// One writer's output of batch `batch_id`: its counts and its
+    /// sink-specific `part`.
+    pub fn new<T: Any + Send>(batch_id: u64, rows: u64, files: usize, bytes: u64, part: T) -> Self {
+        Self {
+            batch_id,
+            rows,
+            files,
+            bytes,
+            parts: vec![Box::new(part)],
+        }
+    }
+
+    /// Combine the output of two writers of the same batch, for one commit.
     pub fn merge(mut self, other: Staged) -> Staged {
         debug_assert_eq!(self.batch_id, other.batch_id);
         self.rows += other.rows;
         self.files += other.files;
         self.bytes += other.bytes;
-        self.actions.extend(other.actions);
+        self.parts.extend(other.parts);
         self
+    }
+
+    /// The writers' parts, as the sink that made them (type `T`) wrote
+    /// them; [`Error::InvalidConfig`] naming `table` when a part came from
+    /// another kind of sink (a caller mixed sinks up).
+    pub fn into_parts<T: Any>(self, table: &str) -> Result<Vec<T>> {
+        let batch_id = self.batch_id;
+        self.parts
+            .into_iter()
+            .map(|p| {
+                p.downcast::<T>()
+                    .map(|p| *p)
+                    .map_err(|_| Error::InvalidConfig {
+                        table: table.to_string(),
+                        reason: format!(
+                            "batch {} was staged by another kind of sink; commit it with the \
+                             sink that wrote it",
+                            batch_id
+                        ),
+                    })
+            })
+            .collect()
     }
 }
 
@@ -201,7 +253,10 @@ pub trait Sink: Send + Sync {
     /// checkpoint marks done.
     fn identity(&self) -> String;
 
-    /// The current table version, if the sink has versions.
+    /// The newest table version the sink has seen (at its open, its last
+    /// commit or [`Sink::committed_batch`]; loaded when the sink has not
+    /// looked yet), if the sink has versions. Another writer's later
+    /// commits may be missing: this is not a fresh read of the table.
     async fn version(&self) -> Result<Option<u64>> {
         Ok(None)
     }

@@ -53,7 +53,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     Backlog, BatchStream, Error, Offset, Result, Skipped, Source, SourceIdentity, require_positive,
 };
-use lakestream_checkpoint::Location;
+use lakestream_storage::Location;
 
 /// The encoding of the files.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -153,7 +153,7 @@ pub enum Error {
         source_name: String,
         /// The error.
         #[source]
-        source: lakestream_checkpoint::Error,
+        source: lakestream_storage::Error,
     },
 }
 

@@ -35,6 +35,7 @@
 //! ```
 //!
 //! The modules, one per concern:
+//! - [`storage`]: locations, object stores, durable local writes.
 //! - [`checkpoint`]: the offsets/commits log and its fence.
 //! - [`source`]: the `Source` trait, files and generator sources.
 //! - [`plan`]: SQL job files and the streaming-shape checks.
@@ -45,9 +46,9 @@ pub use lakestream_engine::{
     BatchProgress, DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error,
     FailPoint, MAX_DURATION, PROGRESS_EVENTS_BUFFER, QueryBuilder, QueryHandle, QuerySummary,
     Result, SourceProgress, StopHandle, Trigger, checkpoint, job, parse_duration, plan, sink,
-    source,
+    source, storage,
 };
 
 /// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own
 /// object store for every location of every query in this process.
-pub use lakestream_engine::checkpoint::register_object_store;
+pub use lakestream_engine::storage::register_object_store;

@@ -176,3 +176,50 @@ async fn an_aggregation_over_a_stream_is_refused_before_any_batch() {
     assert!(!dir.path().join("table/_delta_log").exists());
     assert!(!dir.path().join("ckpt").exists());
 }
+
+#[tokio::test]
+async fn a_commit_whose_answer_was_lost_fails_the_run_and_the_restart_skips_the_batch() {
+    use lakestream::sink::memory::MemorySink;
+    let dir = tempfile::tempdir().unwrap();
+    let sink = MemorySink::new("out");
+    let query = |sink: &MemorySink| {
+        QueryBuilder::new()
+            .source(generator(1000, 250))
+            .unwrap()
+            .sql("SELECT event_id FROM events")
+            .sink(Arc::new(sink.clone()))
+            .checkpoint(dir.path().join("ckpt").to_str().unwrap())
+            .trigger(Trigger::AvailableNow)
+    };
+    // Batch 0 commits; the answer of batch 1's commit is lost.
+    let first = query(&sink)
+        .fail_point(FailPoint::AfterCommit, 0)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(first, Error::InjectedFault { batch_id: 0, .. }),
+        "{first}"
+    );
+    sink.lose_next_commit_response();
+    let lost = query(&sink).run().await.unwrap_err();
+    assert!(lost.to_string().contains("batch 1"), "{lost}");
+    assert_eq!(
+        sink.commits().len(),
+        2,
+        "batch 1 landed although its commit failed"
+    );
+    // The restart finds batch 1 in the table, marks it done and goes on.
+    let summary = query(&sink).run().await.unwrap();
+    assert_eq!(summary.batches, 3, "batch 1 (found in the table), 2 and 3");
+    let ids: Vec<u64> = sink.commits().iter().map(|c| c.batch_id).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3]);
+    assert_eq!(sink.rows(), 1000);
+    let mut seen = std::collections::HashSet::new();
+    for b in sink.batches() {
+        for id in b.column(0).as_string::<i32>().iter().flatten() {
+            assert!(seen.insert(id.to_string()), "row twice");
+        }
+    }
+    assert_eq!(seen.len(), 1000);
+}

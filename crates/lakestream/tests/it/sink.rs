@@ -1,12 +1,16 @@
-//! The Delta sink's contract: a batch id commits at most once per query,
-//! whichever process tries.
+//! The sinks' contract: a batch id commits at most once per query,
+//! whichever writer tries, and a commit whose answer was lost is found by
+//! the retry. The idempotence suite runs for every sink: Delta on a local
+//! path, Delta on the S3-compatible server scripts/test.sh starts, and
+//! memory.
 
 use std::sync::Arc;
 
 use arrow::array::{Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
-use lakestream::sink::{CommitInfo, CommitOutcome, Sink};
+use lakestream::sink::memory::MemorySink;
+use lakestream::sink::{CommitInfo, CommitOutcome, Sink, Staged};
 
 fn batch(v: i64) -> RecordBatch {
     RecordBatch::try_new(
@@ -154,4 +158,266 @@ async fn a_table_with_a_newer_writer_protocol_commits_through_delta_rs() {
     ));
     let (n, distinct) = crate::common::count_distinct(dir.path(), "v").await;
     assert_eq!((n, distinct), (12, 12));
+}
+
+/// A table under the idempotence suite: handles on it, as separate
+/// writers (processes) would open it, and its rows read back.
+#[async_trait::async_trait]
+trait Target: Send + Sync {
+    /// A new writer on the table, opened for `batch(_)`'s schema.
+    async fn writer(&self) -> Arc<dyn Sink>;
+    /// The `v` values the table holds, sorted.
+    async fn values(&self) -> Vec<i64>;
+}
+
+struct DeltaTarget {
+    url: String,
+    options: std::collections::HashMap<String, String>,
+}
+
+#[async_trait::async_trait]
+impl Target for DeltaTarget {
+    async fn writer(&self) -> Arc<dyn Sink> {
+        let options = DeltaSinkOptions {
+            storage_options: self.options.clone(),
+            ..Default::default()
+        };
+        let sink = DeltaSink::try_new(&self.url, options).unwrap();
+        sink.open(batch(0).schema()).await.unwrap();
+        Arc::new(sink)
+    }
+
+    async fn values(&self) -> Vec<i64> {
+        let location = lakestream::storage::Location::parse(&self.url, &self.options).unwrap();
+        let Some(table) = lakestream::sink::delta::load_table(&location)
+            .await
+            .unwrap()
+        else {
+            return Vec::new();
+        };
+        let ctx = datafusion::prelude::SessionContext::new();
+        table.update_datafusion_session(&ctx.state()).unwrap();
+        ctx.register_table("t", table.table_provider().await.unwrap())
+            .unwrap();
+        let batches = ctx
+            .sql("SELECT v FROM t ORDER BY v")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        column_values(&batches)
+    }
+}
+
+struct MemoryTarget(MemorySink);
+
+#[async_trait::async_trait]
+impl Target for MemoryTarget {
+    async fn writer(&self) -> Arc<dyn Sink> {
+        let sink = self.0.clone();
+        sink.open(batch(0).schema()).await.unwrap();
+        Arc::new(sink)
+    }
+
+    async fn values(&self) -> Vec<i64> {
+        let mut v = column_values(&self.0.batches());
+        v.sort();
+        v
+    }
+}
+
+fn column_values(batches: &[RecordBatch]) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
+async fn stage(sink: &dyn Sink, id: u64, values: &[i64]) -> Staged {
+    let mut w = sink.begin(id).await.unwrap();
+    for v in values {
+        w.write(batch(*v)).await.unwrap();
+    }
+    w.finish().await.unwrap()
+}
+
+fn info(query: &str, id: u64) -> CommitInfo {
+    CommitInfo {
+        query_id: query.into(),
+        batch_id: id,
+        metadata: Default::default(),
+    }
+}
+
+async fn commit(sink: &dyn Sink, query: &str, id: u64, values: &[i64]) -> CommitOutcome {
+    let staged = stage(sink, id, values).await;
+    sink.commit(staged, &info(query, id)).await.unwrap()
+}
+
+/// The contract every sink keeps, run against fresh tables from `target`.
+async fn idempotence_suite<T: Target>(target: impl Fn(&str) -> T) {
+    // A batch committed twice by one writer is in the table once; so is a
+    // replay of an older batch.
+    let t = target("twice");
+    let a = t.writer().await;
+    assert!(matches!(
+        commit(&*a, "q", 0, &[1, 2]).await,
+        CommitOutcome::Committed { .. }
+    ));
+    assert!(matches!(
+        commit(&*a, "q", 1, &[3]).await,
+        CommitOutcome::Committed { .. }
+    ));
+    assert!(matches!(
+        commit(&*a, "q", 1, &[3]).await,
+        CommitOutcome::AlreadyCommitted { .. }
+    ));
+    assert!(matches!(
+        commit(&*a, "q", 0, &[1, 2]).await,
+        CommitOutcome::AlreadyCommitted { .. }
+    ));
+    assert_eq!(t.values().await, vec![1, 2, 3]);
+
+    // Two writers stage the same batch; whichever commits second finds it
+    // committed, whatever its view of the table was.
+    let t = target("two-writers");
+    let (a, b) = (t.writer().await, t.writer().await);
+    let from_a = stage(&*a, 0, &[10, 11]).await;
+    let from_b = stage(&*b, 0, &[10, 11]).await;
+    let first = b.commit(from_b, &info("q", 0)).await.unwrap();
+    let second = a.commit(from_a, &info("q", 0)).await.unwrap();
+    assert!(
+        matches!(first, CommitOutcome::Committed { .. }),
+        "{first:?}"
+    );
+    assert!(
+        matches!(second, CommitOutcome::AlreadyCommitted { .. }),
+        "{second:?}"
+    );
+    assert_eq!(t.values().await, vec![10, 11]);
+
+    // After a crash right after a commit, a new writer knows the batch is
+    // in the table, and its re-run commits nothing.
+    let t = target("restart");
+    let a = t.writer().await;
+    assert!(matches!(
+        commit(&*a, "q", 0, &[20]).await,
+        CommitOutcome::Committed { .. }
+    ));
+    assert!(matches!(
+        commit(&*a, "q", 1, &[21]).await,
+        CommitOutcome::Committed { .. }
+    ));
+    drop(a);
+    let b = t.writer().await;
+    assert_eq!(b.committed_batch("q").await.unwrap(), Some(1));
+    assert!(matches!(
+        commit(&*b, "q", 1, &[21]).await,
+        CommitOutcome::AlreadyCommitted { .. }
+    ));
+    assert!(matches!(
+        commit(&*b, "q", 2, &[22]).await,
+        CommitOutcome::Committed { .. }
+    ));
+    assert_eq!(t.values().await, vec![20, 21, 22]);
+
+    // Batch ids belong to their query; an empty batch is recorded too.
+    let t = target("queries");
+    let a = t.writer().await;
+    assert!(matches!(
+        commit(&*a, "q1", 5, &[30]).await,
+        CommitOutcome::Committed { .. }
+    ));
+    assert!(matches!(
+        commit(&*a, "q2", 5, &[31]).await,
+        CommitOutcome::Committed { .. }
+    ));
+    assert!(matches!(
+        commit(&*a, "q2", 6, &[]).await,
+        CommitOutcome::Committed { .. }
+    ));
+    assert_eq!(a.committed_batch("q1").await.unwrap(), Some(5));
+    assert_eq!(a.committed_batch("q2").await.unwrap(), Some(6));
+    assert_eq!(a.committed_batch("q3").await.unwrap(), None);
+    assert_eq!(t.values().await, vec![30, 31]);
+
+    // Parts staged by another kind of sink are refused, naming the batch.
+    let t = target("foreign");
+    let a = t.writer().await;
+    let foreign = Staged::new(7, 1, 0, 0, "not this sink's part");
+    let err = a.commit(foreign, &info("q", 7)).await.unwrap_err();
+    assert!(err.to_string().contains("batch 7"), "{err}");
+    assert_eq!(a.committed_batch("q").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn the_delta_sink_on_a_local_path_passes_the_idempotence_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    idempotence_suite(|name| DeltaTarget {
+        url: dir.path().join(name).to_str().unwrap().to_string(),
+        options: Default::default(),
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_delta_sink_on_s3_passes_the_idempotence_suite() {
+    let var = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| {
+            panic!(
+                "{k} is not set: run ./scripts/test.sh, which installs and starts the \
+                 S3-compatible server these tests use"
+            )
+        })
+    };
+    let options: std::collections::HashMap<String, String> = [
+        ("aws_endpoint", var("LAKESTREAM_S3_ENDPOINT")),
+        ("aws_access_key_id", var("LAKESTREAM_S3_KEY_ID")),
+        ("aws_secret_access_key", var("LAKESTREAM_S3_SECRET")),
+        ("aws_region", "us-east-1".into()),
+        ("aws_allow_http", "true".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let bucket = var("LAKESTREAM_S3_BUCKET");
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    idempotence_suite(|name| DeltaTarget {
+        url: format!("s3://{bucket}/sink-suite-{run}/{name}/"),
+        options: options.clone(),
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_memory_sink_passes_the_idempotence_suite() {
+    idempotence_suite(|name| MemoryTarget(MemorySink::new(name))).await;
+}
+
+#[tokio::test]
+async fn a_memory_commit_whose_answer_was_lost_is_in_the_table_once() {
+    let sink = MemorySink::new("lost");
+    sink.open(batch(0).schema()).await.unwrap();
+    sink.lose_next_commit_response();
+    let staged = stage(&sink, 0, &[1]).await;
+    let err = sink.commit(staged, &info("q", 0)).await.unwrap_err();
+    assert!(err.to_string().contains("batch 0"), "{err}");
+    // The caller re-runs the batch: it is found, not written again.
+    assert!(matches!(
+        commit(&sink, "q", 0, &[1]).await,
+        CommitOutcome::AlreadyCommitted { .. }
+    ));
+    assert_eq!(sink.rows(), 1);
+    assert_eq!(sink.version().await.unwrap(), Some(1));
 }

@@ -293,8 +293,8 @@ fn query(url: &str) -> QueryBuilder {
 
 /// How many times each id is in the table at `url`table/.
 async fn id_counts(url: &str) -> BTreeMap<i64, usize> {
-    let loc = lakestream::checkpoint::Location::parse(&format!("{url}table/"), &Default::default())
-        .unwrap();
+    let loc =
+        lakestream::storage::Location::parse(&format!("{url}table/"), &Default::default()).unwrap();
     let table = lakestream::sink::delta::load_table(&loc)
         .await
         .unwrap()

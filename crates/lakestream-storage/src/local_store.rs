@@ -32,7 +32,7 @@ use object_store::{
 async fn sync(location: &Path) -> Result<()> {
     let fs_path = std::path::PathBuf::from(format!("/{location}"));
     let shown = location.to_string();
-    tokio::task::spawn_blocking(move || lakestream_checkpoint::sync_local_file(&fs_path))
+    tokio::task::spawn_blocking(move || crate::location::sync_local_file(&fs_path))
         .await
         .map_err(|e| object_store::Error::Generic {
             store: "FastLocalStore",
@@ -68,14 +68,22 @@ impl MultipartUpload for SyncedUpload {
     }
 }
 
-/// The local file system rooted at `/`, with a fast offset listing.
+/// The local file system rooted at `/`, with a fast offset listing and
+/// durable writes (see the module documentation).
 #[derive(Debug)]
-pub(crate) struct FastLocalStore {
+pub struct FastLocalStore {
     inner: Arc<LocalFileSystem>,
 }
 
+impl Default for FastLocalStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl FastLocalStore {
-    pub(crate) fn new() -> Self {
+    /// The store, rooted at `/` (paths are absolute).
+    pub fn new() -> Self {
         Self {
             inner: Arc::new(LocalFileSystem::new()),
         }

@@ -1,0 +1,250 @@
+//! A sink that keeps each committed batch in memory.
+//!
+//! [`MemorySink`] has the Delta sink's contract without files: a batch id
+//! commits at most once per query, a commit is atomic (a batch's rows
+//! appear together or not at all), and clones of one sink share one
+//! table, so two clones act as two writers of the same table. The
+//! engine's tests run queries into it, and an embedder can consume a
+//! query's output from it. The contents live as long as the sink: a
+//! process that dies loses them (use the Delta sink to keep output).
+//!
+//! [`MemorySink::lose_next_commit_response`] makes the next commit land and
+//! then report an error, as a commit whose answer was lost on the way does:
+//! callers must re-run such a batch, and the re-run must find it committed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+
+use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged};
+
+/// One committed batch of a [`MemorySink`].
+#[derive(Debug, Clone)]
+pub struct MemoryCommit {
+    /// The table version this commit made (1 for the first commit).
+    pub version: u64,
+    /// The query that committed it.
+    pub query_id: String,
+    /// Its batch id.
+    pub batch_id: u64,
+    /// Its rows, in the order they were written.
+    pub batches: Vec<RecordBatch>,
+    /// The metadata the engine recorded with it.
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    schema: Option<SchemaRef>,
+    commits: Vec<MemoryCommit>,
+    /// The highest batch id committed per query.
+    txn: HashMap<String, u64>,
+    lose_next_response: bool,
+}
+
+/// A table in memory; clones share it.
+#[derive(Debug, Clone)]
+pub struct MemorySink {
+    name: String,
+    table: Arc<Mutex<Table>>,
+}
+
+impl MemorySink {
+    /// An empty table called `name` (shown in errors and as the sink's
+    /// identity in the checkpoint).
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            table: Arc::default(),
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // A panic while the lock was held cannot leave a half-made commit:
+        // a commit is one push under the lock.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every committed batch, oldest first.
+    pub fn commits(&self) -> Vec<MemoryCommit> {
+        self.table().commits.clone()
+    }
+
+    /// Every committed row, in commit order.
+    pub fn batches(&self) -> Vec<RecordBatch> {
+        self.table()
+            .commits
+            .iter()
+            .flat_map(|c| c.batches.iter().cloned())
+            .collect()
+    }
+
+    /// The number of committed rows.
+    pub fn rows(&self) -> usize {
+        self.table()
+            .commits
+            .iter()
+            .flat_map(|c| &c.batches)
+            .map(|b| b.num_rows())
+            .sum()
+    }
+
+    /// Let the next commit land, then return an error as if its answer
+    /// had been lost (a fault for tests of the caller's retry).
+    pub fn lose_next_commit_response(&self) {
+        self.table().lose_next_response = true;
+    }
+}
+
+#[async_trait]
+impl Sink for MemorySink {
+    async fn open(&self, schema: SchemaRef) -> Result<()> {
+        let mut table = self.table();
+        match &table.schema {
+            None => {
+                table.schema = Some(schema);
+                Ok(())
+            }
+            Some(have) => {
+                let same = have.fields().len() == schema.fields().len()
+                    && have
+                        .fields()
+                        .iter()
+                        .zip(schema.fields())
+                        .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+                if same {
+                    Ok(())
+                } else {
+                    Err(Error::SchemaMismatch {
+                        table: self.name.clone(),
+                        reason: format!(
+                            "the table has ({}), the query produces ({})",
+                            describe(have),
+                            describe(&schema)
+                        ),
+                    })
+                }
+            }
+        }
+    }
+
+    async fn committed_batch(&self, query_id: &str) -> Result<Option<u64>> {
+        Ok(self.table().txn.get(query_id).copied())
+    }
+
+    async fn begin(&self, batch_id: u64) -> Result<Box<dyn BatchWriter>> {
+        let schema = self
+            .table()
+            .schema
+            .clone()
+            .ok_or_else(|| Error::InvalidConfig {
+                table: self.name.clone(),
+                reason: "the sink was not opened".into(),
+            })?;
+        Ok(Box::new(MemoryWriter {
+            table: self.name.clone(),
+            batch_id,
+            schema,
+            batches: Vec::new(),
+            rows: 0,
+            bytes: 0,
+        }))
+    }
+
+    async fn commit(&self, staged: Staged, info: &CommitInfo) -> Result<CommitOutcome> {
+        let batches: Vec<RecordBatch> = staged
+            .into_parts::<Vec<RecordBatch>>(&self.name)?
+            .into_iter()
+            .flatten()
+            .collect();
+        let mut table = self.table();
+        let version = table.commits.len() as u64;
+        if table
+            .txn
+            .get(&info.query_id)
+            .is_some_and(|&b| b >= info.batch_id)
+        {
+            return Ok(CommitOutcome::AlreadyCommitted { version });
+        }
+        table.commits.push(MemoryCommit {
+            version: version + 1,
+            query_id: info.query_id.clone(),
+            batch_id: info.batch_id,
+            batches,
+            metadata: info.metadata.clone(),
+        });
+        table.txn.insert(info.query_id.clone(), info.batch_id);
+        if std::mem::take(&mut table.lose_next_response) {
+            return Err(Error::Commit {
+                table: self.name.clone(),
+                batch_id: info.batch_id,
+                source: "the commit landed but its answer was lost (injected fault)".into(),
+            });
+        }
+        Ok(CommitOutcome::Committed {
+            version: version + 1,
+        })
+    }
+
+    fn identity(&self) -> String {
+        format!("memory {}", self.name)
+    }
+
+    async fn version(&self) -> Result<Option<u64>> {
+        Ok(Some(self.table().commits.len() as u64))
+    }
+}
+
+fn describe(s: &SchemaRef) -> String {
+    s.fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+struct MemoryWriter {
+    table: String,
+    batch_id: u64,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    rows: u64,
+    bytes: u64,
+}
+
+#[async_trait]
+impl BatchWriter for MemoryWriter {
+    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        if batch.schema().fields().len() != self.schema.fields().len() {
+            return Err(Error::SchemaMismatch {
+                table: self.table.clone(),
+                reason: format!(
+                    "batch {} has ({}), the table ({})",
+                    self.batch_id,
+                    describe(&batch.schema()),
+                    describe(&self.schema)
+                ),
+            });
+        }
+        self.rows += batch.num_rows() as u64;
+        self.bytes += batch.get_array_memory_size() as u64;
+        self.batches.push(batch);
+        Ok(())
+    }
+
+    async fn finish(self: Box<Self>) -> Result<Staged> {
+        Ok(Staged::new(
+            self.batch_id,
+            self.rows,
+            0,
+            self.bytes,
+            self.batches,
+        ))
+    }
+}
