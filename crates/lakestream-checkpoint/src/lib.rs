@@ -760,6 +760,9 @@ fn path_below_root(location: &Location, path: &Path) -> String {
 }
 
 async fn list_ids(location: &Location, dir: &str) -> Result<Vec<u64>> {
+    if let Some(root) = location.local_dir() {
+        return list_local_ids(root.join(dir)).await;
+    }
     let prefix = location.child(dir);
     let metas: Vec<_> = location
         .store()
@@ -774,6 +777,41 @@ async fn list_ids(location: &Location, dir: &str) -> Result<Vec<u64>> {
         .iter()
         .filter_map(|m| m.location.filename().and_then(|f| f.parse::<u64>().ok()))
         .collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// [`list_ids`] on a local disk: the directory's names only. The store's
+/// listing stats every entry and hops through blocking tasks, which made
+/// listing the 100 kept write-ahead files a third of a restart.
+async fn list_local_ids(path: std::path::PathBuf) -> Result<Vec<u64>> {
+    let shown = path.display().to_string();
+    let listed = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u64>> {
+        let entries = match std::fs::read_dir(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            other => other?,
+        };
+        let mut ids = Vec::new();
+        for entry in entries {
+            if let Some(id) = entry?
+                .file_name()
+                .to_str()
+                .and_then(|f| f.parse::<u64>().ok())
+            {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    })
+    .await
+    .map_err(|e| lakestream_storage::Error::Io {
+        path: shown.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    let mut ids = listed.map_err(|source| lakestream_storage::Error::Io {
+        path: shown,
+        source,
+    })?;
     ids.sort_unstable();
     Ok(ids)
 }

@@ -423,10 +423,10 @@ async fn run(
         }
     };
     let options = JobOptions {
-        checkpoint,
         trigger: trigger.unwrap_or_default(),
         storage_options,
         fail_point,
+        ..JobOptions::new(checkpoint)
     };
     let builder = match load_job(&job.display().to_string(), &text, &options).await {
         Ok(b) => b,

@@ -41,12 +41,14 @@
 //! - [`plan`]: SQL job files and the streaming-shape checks.
 //! - [`sink`]: the `Sink` trait and the Delta sink.
 //! - [`job`]: running a SQL job file.
+//! - [`connectors`]: the registry of `STORED AS` names a job file can use;
+//!   register your own sources and sinks there.
 
 pub use lakestream_engine::{
     BatchProgress, DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error,
     FailPoint, MAX_DURATION, PROGRESS_EVENTS_BUFFER, QueryBuilder, QueryHandle, QuerySummary,
-    Result, SourceProgress, StopHandle, Trigger, checkpoint, job, parse_duration, plan, sink,
-    source, storage,
+    Result, SourceProgress, StopHandle, Trigger, checkpoint, connectors, job, parse_duration, plan,
+    sink, source, storage,
 };
 
 /// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own

@@ -3,6 +3,7 @@
 
 mod api;
 mod common;
+mod connectors;
 mod hardening;
 mod kafka_faults;
 mod sink;

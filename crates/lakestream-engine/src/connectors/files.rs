@@ -1,0 +1,234 @@
+//! `STORED AS JSON | CSV | PARQUET` on an `UNBOUNDED` table: new files
+//! under a location, as a source.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use async_trait::async_trait;
+use lakestream_source::Source;
+use lakestream_source::files::{
+    FileFormat, FileSource, FileSourceOptions, MissingFiles, TextCompression,
+};
+
+use super::{SourceConnector, TableContext};
+use crate::{Error, Result};
+
+/// Builds [`FileSource`]s; the format is the `STORED AS` name.
+#[derive(Debug, Default)]
+pub struct FilesConnector;
+
+#[async_trait]
+impl SourceConnector for FilesConnector {
+    fn options(&self) -> &'static [&'static str] {
+        &[
+            "max_files_per_trigger",
+            "max_bytes_per_trigger",
+            "batch_size",
+            "has_header",
+            "format.has_header",
+            "delimiter",
+            "format.delimiter",
+            "path_glob",
+            "modified_after",
+            "modified_before",
+            "compression",
+            "incremental_listing",
+            "read_concurrency",
+            "missing_files",
+            "max_file_age",
+        ]
+    }
+
+    async fn create(&self, ctx: &TableContext<'_>) -> Result<Arc<dyn Source>> {
+        let t = ctx.table();
+        let Some(mut format) = FileFormat::from_name(&t.format) else {
+            return Err(ctx.error(format!(
+                "STORED AS {} is not a file format (JSON, CSV, PARQUET)",
+                t.format
+            )));
+        };
+        if let FileFormat::Csv {
+            has_header,
+            delimiter,
+        } = &mut format
+        {
+            if let Some((key, v)) = ctx.first_option(&["format.has_header", "has_header"]) {
+                *has_header = ctx.parse_bool(key, v)?;
+            }
+            if let Some((key, v)) = ctx.first_option(&["format.delimiter", "delimiter"]) {
+                *delimiter = match v.as_bytes() {
+                    [b] => *b,
+                    _ => {
+                        return Err(ctx.error(format!(
+                            "option {key} of {}: {v:?} is not one ASCII character",
+                            t.name
+                        )));
+                    }
+                };
+            }
+        }
+        let mut fo = FileSourceOptions::new(format.clone());
+        fo.max_files_per_trigger = ctx.count("max_files_per_trigger")?;
+        if let Some(b) = ctx.number("max_bytes_per_trigger")? {
+            fo.max_bytes_per_trigger = Some(b);
+        }
+        if let Some(b) = ctx.count("batch_size")? {
+            fo.batch_size = b;
+        }
+        if let Some(n) = ctx.count("read_concurrency")? {
+            fo.read_concurrency = n;
+        }
+        if let Some(v) = ctx.option("max_file_age") {
+            let d = crate::parse_duration(v)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    ctx.error(format!(
+                        "max_file_age {v:?} for {}: give a duration above 0 and at most a \
+                         year, such as 7d or 12h",
+                        t.name
+                    ))
+                })?;
+            fo.max_file_age_ms = Some(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        }
+        if let Some(v) = ctx.option("missing_files") {
+            fo.missing_files = MissingFiles::from_name(v).ok_or_else(|| {
+                ctx.error(format!(
+                    "missing_files {v:?} for {}: use fail or skip",
+                    t.name
+                ))
+            })?;
+        }
+        fo.path_glob = ctx.option("path_glob").map(str::to_string);
+        fo.modified_after_ms = ctx.time_ms("modified_after")?;
+        fo.modified_before_ms = ctx.time_ms("modified_before")?;
+        if let Some(v) = ctx.option("compression") {
+            fo.compression = TextCompression::from_name(v).ok_or_else(|| {
+                ctx.error(format!(
+                    "compression {v:?} for {}: use auto, none, gzip or zstd",
+                    t.name
+                ))
+            })?;
+        }
+        if let Some(b) = ctx.boolean("incremental_listing")? {
+            fo.incremental_listing = b;
+        }
+        fo.partition_columns = t.partition_cols.clone();
+        let store_opts = ctx.store_options();
+        let schema = match &t.schema {
+            Some(s) => s.clone(),
+            None => inferred_schema(ctx, &fo, &store_opts).await?,
+        };
+        // Partition columns not declared are strings read from the directory names.
+        let schema = if t.partition_cols.iter().all(|p| schema.index_of(p).is_ok()) {
+            schema
+        } else {
+            let mut fields: Vec<Field> =
+                schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+            for p in &t.partition_cols {
+                if schema.index_of(p).is_err() {
+                    fields.push(Field::new(p, DataType::Utf8, true));
+                }
+            }
+            Arc::new(Schema::new(fields))
+        };
+        Ok(Arc::new(FileSource::try_new(
+            &t.name,
+            &t.location,
+            &store_opts,
+            schema,
+            fo,
+        )?))
+    }
+}
+
+/// The schema of a stream declared without columns: inferred from its first
+/// file once, then fixed in the checkpoint so every restart reads the same.
+async fn inferred_schema(
+    ctx: &TableContext<'_>,
+    fo: &FileSourceOptions,
+    store_opts: &HashMap<String, String>,
+) -> Result<SchemaRef> {
+    let t = ctx.table();
+    let options = ctx.job_options();
+    let stored = lakestream_checkpoint::read_source_state(
+        &options.checkpoint,
+        &options.storage_options,
+        &t.name,
+        "schema",
+    )
+    .await?;
+    if let Some(v) = stored {
+        return schema_from_json(&v).ok_or_else(|| {
+            Error::Query(format!(
+                "the schema of {} stored in the checkpoint is not readable",
+                t.name
+            ))
+        });
+    }
+    let Some(schema) = FileSource::infer_schema(&t.name, &t.location, store_opts, fo).await? else {
+        return Err(ctx.error(format!(
+            "cannot infer the schema of {}: no file under {} yet; declare the columns in the \
+             CREATE statement",
+            t.name, t.location
+        )));
+    };
+    let v = lakestream_checkpoint::init_source_state(
+        &options.checkpoint,
+        &options.storage_options,
+        &t.name,
+        "schema",
+        schema_to_json(&schema),
+    )
+    .await?;
+    schema_from_json(&v)
+        .ok_or_else(|| Error::Query(format!("the inferred schema of {} is invalid", t.name)))
+}
+
+fn schema_to_json(schema: &Schema) -> serde_json::Value {
+    serde_json::Value::Array(
+        schema
+            .fields()
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "name": f.name(),
+                    "type": f.data_type().to_string(),
+                    "nullable": f.is_nullable(),
+                })
+            })
+            .collect(),
+    )
+}
+
+fn schema_from_json(v: &serde_json::Value) -> Option<SchemaRef> {
+    let mut fields = Vec::new();
+    for f in v.as_array()? {
+        let t: DataType = f.get("type")?.as_str()?.parse().ok()?;
+        fields.push(Field::new(
+            f.get("name")?.as_str()?,
+            t,
+            f.get("nullable")?.as_bool()?,
+        ));
+    }
+    Some(Arc::new(Schema::new(fields)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inferred_schemas_round_trip_through_json() {
+        let s = Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new(
+                "ts",
+                DataType::Timestamp(arrow::datatypes::TimeUnit::Nanosecond, None),
+                false,
+            ),
+        ]);
+        let back = schema_from_json(&schema_to_json(&s)).unwrap();
+        assert_eq!(back.as_ref(), &s);
+    }
+}

@@ -1,0 +1,199 @@
+//! `STORED AS KAFKA`: topics read exactly once by explicit offset range.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lakestream_source::Source;
+use lakestream_source::kafka::{
+    EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, StartingOffsets, Topics,
+    ValueFormat,
+};
+
+use super::{SourceConnector, TableContext};
+use crate::{Error, Result};
+
+/// Builds [`KafkaSource`]s from `LOCATION 'kafka://HOST:PORT[,...]/TOPIC[,...]'`
+/// and the options below; `kafka.*` keys go to librdkafka (the source
+/// refuses the ones its exactly-once reading owns).
+#[derive(Debug, Default)]
+pub struct KafkaConnector;
+
+#[async_trait]
+impl SourceConnector for KafkaConnector {
+    fn options(&self) -> &'static [&'static str] {
+        &[
+            "format",
+            "starting_offsets",
+            "starting_timestamp",
+            "ending_offsets",
+            "max_offsets_per_trigger",
+            "fail_on_data_loss",
+            "isolation_level",
+            "topic_pattern",
+            "read_timeout",
+            "request_timeout",
+            "unavailable_timeout",
+            "commit_offsets_to_group",
+            "batch_size",
+            "consumers",
+        ]
+    }
+
+    fn passthrough_prefix(&self) -> Option<&'static str> {
+        Some("kafka.")
+    }
+
+    async fn create(&self, ctx: &TableContext<'_>) -> Result<Arc<dyn Source>> {
+        let t = ctx.table();
+        let err = |msg: String| -> Error { ctx.error(msg) };
+        let rest = t.location.strip_prefix("kafka://").ok_or_else(|| {
+            err(format!(
+                "a KAFKA table's LOCATION is kafka://HOST:PORT[,HOST:PORT]/TOPIC[,TOPIC], got {:?}",
+                t.location
+            ))
+        })?;
+        let (servers, topics) = rest.split_once('/').unwrap_or((rest, ""));
+        let topics: Vec<String> = topics
+            .split(',')
+            .map(|s| s.trim().trim_end_matches('/').to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        let topics = match (t.options.get("topic_pattern"), topics.is_empty()) {
+            (Some(p), true) => Topics::Pattern(
+                regex::Regex::new(p).map_err(|e| err(format!("topic_pattern {p:?}: {e}")))?,
+            ),
+            (None, false) => Topics::List(topics),
+            (Some(_), false) => {
+                return Err(err(
+                    "name topics in LOCATION or give 'topic_pattern', not both".into(),
+                ));
+            }
+            (None, true) => {
+                return Err(err(format!(
+                    "no topic: write LOCATION 'kafka://{servers}/TOPIC' or set 'topic_pattern'"
+                )));
+            }
+        };
+        if servers.is_empty() {
+            return Err(err("no bootstrap servers in LOCATION".into()));
+        }
+        let mut o = KafkaSourceOptions::new(servers, topics);
+        o.format = match t
+            .options
+            .get("format")
+            .map(|s| s.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("json") => ValueFormat::Json,
+            Some("raw") => ValueFormat::Raw,
+            Some("string") => ValueFormat::String,
+            Some(other) => {
+                return Err(err(format!(
+                    "format {other:?} is not supported: use json, raw or string"
+                )));
+            }
+        };
+        let offsets_map = |key: &str,
+                           v: &str|
+         -> Result<
+            std::collections::BTreeMap<String, std::collections::BTreeMap<i32, i64>>,
+        > {
+            let raw: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>> =
+                serde_json::from_str(v).map_err(|e| {
+                    err(format!(
+                        "option {key}: expected 'earliest', 'latest' or a JSON map like {{\"topic\": {{\"0\": 42}}}}: {e}"
+                    ))
+                })?;
+            raw.into_iter()
+                .map(|(t, ps)| {
+                    let ps = ps
+                        .into_iter()
+                        .map(|(p, o)| {
+                            p.parse::<i32>().map(|p| (p, o)).map_err(|_| {
+                                err(format!("option {key}: partition {p:?} is not a number"))
+                            })
+                        })
+                        .collect::<Result<_>>()?;
+                    Ok((t, ps))
+                })
+                .collect()
+        };
+        match (
+            t.options.get("starting_offsets"),
+            t.options.get("starting_timestamp"),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "give 'starting_offsets' or 'starting_timestamp', not both".into(),
+                ));
+            }
+            (None, Some(ts)) => {
+                o.starting_offsets = StartingOffsets::Timestamp(ts.parse().map_err(|_| {
+                    err(format!(
+                        "starting_timestamp must be milliseconds since the epoch, got {ts:?}"
+                    ))
+                })?)
+            }
+            (Some(v), None) => {
+                o.starting_offsets = match v.as_str() {
+                    "earliest" => StartingOffsets::Earliest,
+                    "latest" => StartingOffsets::Latest,
+                    json => StartingOffsets::Map(offsets_map("starting_offsets", json)?),
+                }
+            }
+            (None, None) => {}
+        }
+        if let Some(v) = t.options.get("ending_offsets") {
+            o.ending_offsets = Some(match v.as_str() {
+                "latest" => EndingOffsets::Latest,
+                json => EndingOffsets::Map(offsets_map("ending_offsets", json)?),
+            });
+        }
+        o.max_offsets_per_trigger = ctx.number("max_offsets_per_trigger")?;
+        if let Some(v) = t.options.get("fail_on_data_loss") {
+            o.fail_on_data_loss = match v.to_ascii_lowercase().as_str() {
+                "true" => true,
+                "false" => false,
+                _ => {
+                    return Err(err(format!(
+                        "fail_on_data_loss must be true or false, got {v:?}"
+                    )));
+                }
+            };
+        }
+        for (key, field) in [
+            ("read_timeout", &mut o.read_timeout),
+            ("request_timeout", &mut o.request_timeout),
+            ("unavailable_timeout", &mut o.unavailable_timeout),
+        ] {
+            if let Some(v) = t.options.get(key) {
+                *field = crate::parse_duration(v)
+                    .ok_or_else(|| err(format!("{key} must be a duration like 30s, got {v:?}")))?;
+            }
+        }
+        o.commit_group = t.options.get("commit_offsets_to_group").cloned();
+        if let Some(b) = ctx.count("batch_size")? {
+            o.batch_size = b;
+        }
+        if let Some(n) = ctx.count("consumers")? {
+            o.consumers = n;
+        }
+        if let Some(v) = t.options.get("isolation_level") {
+            o.isolation_level = IsolationLevel::from_name(v).ok_or_else(|| {
+                err(format!(
+                    "isolation_level {v:?}: use read_committed or read_uncommitted"
+                ))
+            })?;
+        }
+        for (k, v) in &t.options {
+            if let Some(rest) = k.strip_prefix("kafka.") {
+                o.client_config.insert(rest.to_string(), v.clone());
+            }
+        }
+        Ok(Arc::new(KafkaSource::try_new(
+            &t.name,
+            t.schema.clone(),
+            o,
+        )?))
+    }
+}
