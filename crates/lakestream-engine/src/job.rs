@@ -1,7 +1,8 @@
 //! Loading a SQL job file into a [`QueryBuilder`].
 //!
-//! Tables declared `UNBOUNDED` become sources, the `INSERT` target becomes
-//! the Delta sink, other tables are static and loaded once at job start.
+//! Tables declared `UNBOUNDED` become sources and the `INSERT` target the
+//! sink, each through the connector registry ([`crate::connectors`]); other
+//! tables are static and loaded once at job start.
 //! Every option is checked here, before any batch runs; an unknown option is
 //! an error (a typo must not silently change a job's meaning).
 
@@ -90,12 +91,16 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
             .await
             .map_err(|e| Error::Query(e.strip_backtrace()))?;
     }
-    let mut sink = None;
+    // The sink first: a job whose target no connector can write is refused
+    // before any source touches the checkpoint (an inferred schema is
+    // stored there).
+    let target = job.table(&job.insert.target).expect("checked by parse_job");
+    let sink = options.connectors.sink(&job, target, options).await?;
     for t in &job.tables {
-        let is_target = t.name.eq_ignore_ascii_case(&job.insert.target);
-        if is_target {
-            sink = Some(options.connectors.sink(&job, t, options).await?);
-        } else if t.unbounded {
+        if std::ptr::eq(t, target) {
+            continue;
+        }
+        if t.unbounded {
             let source = options.connectors.source(&job, t, options).await?;
             builder = builder.source(source)?;
         } else {
@@ -113,7 +118,6 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
                 e.strip_backtrace(),
             )
         })?;
-    let target = job.table(&job.insert.target).expect("checked by parse_job");
     if let Some(declared) = &target.schema {
         let out: Schema = plan.schema().as_arrow().clone();
         let out = if job.insert.columns.is_empty() {
@@ -145,7 +149,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
     Ok(builder
         .output_columns(job.insert.columns.clone())
         .logical_plan(plan)
-        .sink(sink.expect("the target is declared"))
+        .sink(sink)
         .with_job(job))
 }
 

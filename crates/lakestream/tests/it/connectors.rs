@@ -107,6 +107,23 @@ async fn without_the_registration_the_name_is_refused_with_the_known_ones() {
         err.contains("the output table out must be STORED AS DELTA"),
         "{err}"
     );
+    // Refused before a source stores anything in the checkpoint (a file
+    // stream without columns would store its inferred schema there).
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(input.join("a.json"), "{\"id\": 1}\n").unwrap();
+    let inferred = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS JSON LOCATION '{}/';\n\
+         CREATE EXTERNAL TABLE out STORED AS memory LOCATION 'mem';\n\
+         INSERT INTO out SELECT * FROM events;\n",
+        input.display()
+    );
+    let err = load_err(&inferred, &options).await;
+    assert!(err.contains("must be STORED AS DELTA"), "{err}");
+    assert!(
+        !dir.path().join("ckpt").exists(),
+        "the checkpoint was touched"
+    );
     let stream = "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS AVRO LOCATION 'in/';\n\
                   CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
                   INSERT INTO out SELECT * FROM events;\n";

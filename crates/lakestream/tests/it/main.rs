@@ -4,8 +4,10 @@
 mod api;
 mod common;
 mod connectors;
+mod golden;
 mod hardening;
 mod kafka_faults;
 mod sink;
 mod snapshots;
+mod source_suite;
 mod store_faults;

@@ -370,31 +370,9 @@ async fn the_delta_sink_on_a_local_path_passes_the_idempotence_suite() {
 
 #[tokio::test]
 async fn the_delta_sink_on_s3_passes_the_idempotence_suite() {
-    let var = |k: &str| {
-        std::env::var(k).unwrap_or_else(|_| {
-            panic!(
-                "{k} is not set: run ./scripts/test.sh, which installs and starts the \
-                 S3-compatible server these tests use"
-            )
-        })
-    };
-    let options: std::collections::HashMap<String, String> = [
-        ("aws_endpoint", var("LAKESTREAM_S3_ENDPOINT")),
-        ("aws_access_key_id", var("LAKESTREAM_S3_KEY_ID")),
-        ("aws_secret_access_key", var("LAKESTREAM_S3_SECRET")),
-        ("aws_region", "us-east-1".into()),
-        ("aws_allow_http", "true".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let bucket = var("LAKESTREAM_S3_BUCKET");
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
+    let (options, prefix) = crate::common::s3_server("sink-suite");
     idempotence_suite(|name| DeltaTarget {
-        url: format!("s3://{bucket}/sink-suite-{run}/{name}/"),
+        url: format!("{prefix}{name}/"),
         options: options.clone(),
     })
     .await;
