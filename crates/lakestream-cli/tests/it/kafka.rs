@@ -521,3 +521,31 @@ fn a_topic_that_does_not_exist_fails_after_the_configured_wait_naming_it() {
         started.elapsed()
     );
 }
+
+/// The source conformance suite (`lakestream-testkit`) against the real
+/// broker: ranges read twice or as two partitions give the same records,
+/// a restarted source plans the rest with every record once, an empty
+/// topic plans nothing, reads stream in `batch_size` pieces.
+#[test]
+fn the_kafka_source_passes_the_source_suite() {
+    use lakestream_engine::source::Source;
+    use lakestream_engine::source::kafka::{
+        KafkaSource, KafkaSourceOptions, StartingOffsets, Topics, ValueFormat,
+    };
+    let broker = Broker::start();
+    broker.create_topic("suite", 3);
+    broker.create_topic("suite-empty", 1);
+    broker.produce("suite", 3, &orders(0, 60));
+    let source = |topic: &str| -> std::sync::Arc<dyn Source> {
+        let mut o = KafkaSourceOptions::new(&broker.bootstrap(), Topics::List(vec![topic.into()]));
+        o.format = ValueFormat::String;
+        o.starting_offsets = StartingOffsets::Earliest;
+        o.max_offsets_per_trigger = Some(10);
+        o.batch_size = 4;
+        std::sync::Arc::new(KafkaSource::try_new("orders", None, o).unwrap())
+    };
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        lakestream_testkit::source_conformance(|| source("suite"), source("suite-empty"), 60, 4)
+            .await;
+    });
+}

@@ -1,161 +1,16 @@
-//! The source conformance suite: what the engine relies on from every
-//! source, run against the generator, files on a local path and files on
-//! the S3-compatible server scripts/test.sh starts.
-//!
-//! - every planned range, read again (and read as several partitions),
-//!   gives the same rows;
-//! - a new source object (a restarted process) recovering the first
-//!   batches' ends plans the rest: every row once across the restart;
-//! - once the input is exhausted, a plan is empty, and an empty input plans
-//!   nothing;
-//! - a read streams: no record batch is larger than the source's
-//!   `batch_size`, however large the range.
+//! The source conformance suite (`lakestream-testkit`) run against the
+//! generator, files on a local path and files on the S3-compatible server
+//! scripts/test.sh starts. The CLI's test binary runs it against the Kafka
+//! broker it starts.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema};
-use arrow::util::display::{ArrayFormatter, FormatOptions};
-use futures::StreamExt;
+use lakestream::source::Source;
 use lakestream::source::files::{FileFormat, FileSource, FileSourceOptions};
 use lakestream::source::generator::{GeneratorOptions, GeneratorSource};
-use lakestream::source::{Offset, Source};
-
-/// Rows of a batch as text, one string per row.
-fn rows_of(batch: &RecordBatch) -> Vec<String> {
-    let opts = FormatOptions::default();
-    let columns: Vec<ArrayFormatter> = batch
-        .columns()
-        .iter()
-        .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).unwrap())
-        .collect();
-    (0..batch.num_rows())
-        .map(|r| {
-            columns
-                .iter()
-                .map(|c| c.value(r).to_string())
-                .collect::<Vec<_>>()
-                .join("|")
-        })
-        .collect()
-}
-
-/// Read `(start, end]` as `partitions` streams; the rows sorted, and the
-/// largest record batch seen.
-async fn read(
-    source: &dyn Source,
-    start: Option<&Offset>,
-    end: &Offset,
-    partitions: usize,
-) -> (Vec<String>, usize) {
-    let mut rows = Vec::new();
-    let mut largest = 0;
-    for mut stream in source.read(start, end, partitions).unwrap() {
-        while let Some(batch) = stream.next().await {
-            let batch = batch.unwrap();
-            largest = largest.max(batch.num_rows());
-            rows.extend(rows_of(&batch));
-        }
-    }
-    rows.sort();
-    (rows, largest)
-}
-
-/// Start `source` as the engine does on a fresh checkpoint, with the ends
-/// of the batches already planned.
-async fn start(source: &dyn Source, planned: &[Offset]) {
-    source.restore(None).await.unwrap();
-    source.recover(planned).await.unwrap();
-    source.freeze().await.unwrap();
-}
-
-/// Plan batches after `from` until the source has nothing more.
-async fn plan_all(source: &dyn Source, from: Option<Offset>) -> Vec<(Option<Offset>, Offset)> {
-    let mut ranges = Vec::new();
-    let mut start = from;
-    for _ in 0..10_000 {
-        match source.plan(start.as_ref()).await.unwrap() {
-            Some(end) => {
-                ranges.push((start.clone(), end.clone()));
-                start = Some(end);
-            }
-            None => return ranges,
-        }
-    }
-    panic!("{}: plans never ended", source.name());
-}
-
-/// The suite. `make` builds a new source object over the same input (as a
-/// restarted process would); `empty` one over no input; `rows` is the
-/// input's row count and `batch_size` the source's read batch size.
-async fn conformance(
-    make: impl Fn() -> Arc<dyn Source>,
-    empty: Arc<dyn Source>,
-    rows: usize,
-    batch_size: usize,
-) {
-    let a = make();
-    let name = a.name().to_string();
-    start(&*a, &[]).await;
-    let ranges = plan_all(&*a, None).await;
-    assert!(
-        ranges.len() >= 3,
-        "{name}: the suite needs several batches, got {}",
-        ranges.len()
-    );
-
-    let mut all = Vec::new();
-    for (s, e) in &ranges {
-        let (first, largest) = read(&*a, s.as_ref(), e, 1).await;
-        let (again, _) = read(&*a, s.as_ref(), e, 1).await;
-        let (split, largest_split) = read(&*a, s.as_ref(), e, 2).await;
-        assert_eq!(first, again, "{name}: a range read twice differs");
-        assert_eq!(
-            first, split,
-            "{name}: a range read as two partitions differs"
-        );
-        assert!(
-            largest.max(largest_split) <= batch_size,
-            "{name}: a record batch of {} rows, above batch_size {batch_size}",
-            largest.max(largest_split)
-        );
-        all.extend(first);
-    }
-    all.sort();
-    let mut distinct = all.clone();
-    distinct.dedup();
-    assert_eq!(all.len(), rows, "{name}: every input row once");
-    assert_eq!(distinct.len(), rows, "{name}: no row twice");
-    assert_eq!(
-        a.plan(ranges.last().map(|r| &r.1)).await.unwrap(),
-        None,
-        "{name}: exhausted"
-    );
-
-    // A restart after the first two batches: a new object recovers their
-    // ends and plans the rest; together, every row once.
-    let b = make();
-    let kept: Vec<Offset> = ranges[..2].iter().map(|r| r.1.clone()).collect();
-    start(&*b, &kept).await;
-    let mut across = Vec::new();
-    for (s, e) in &ranges[..2] {
-        across.extend(read(&*b, s.as_ref(), e, 1).await.0);
-    }
-    for (s, e) in plan_all(&*b, kept.last().cloned()).await {
-        across.extend(read(&*b, s.as_ref(), &e, 1).await.0);
-    }
-    across.sort();
-    assert_eq!(across, all, "{name}: a restart loses or repeats rows");
-
-    // No input: nothing to plan.
-    start(&*empty, &[]).await;
-    assert_eq!(
-        empty.plan(None).await.unwrap(),
-        None,
-        "{name}: an empty input plans a batch"
-    );
-}
+use lakestream_testkit::source_conformance as conformance;
 
 #[tokio::test]
 async fn the_generator_passes_the_source_suite() {
