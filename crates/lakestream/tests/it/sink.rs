@@ -399,3 +399,88 @@ async fn a_memory_commit_whose_answer_was_lost_is_in_the_table_once() {
     assert_eq!(sink.rows(), 1);
     assert_eq!(sink.version().await.unwrap(), Some(1));
 }
+
+/// The actions of commit `version` of the table at `dir`, one JSON value
+/// per line, `commitInfo.timestamp` removed (the only field two commits of
+/// the same actions may differ in), sorted.
+fn commit_actions(dir: &std::path::Path, version: u64) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join(format!("_delta_log/{version:020}.json"))).unwrap();
+    let mut actions: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if let Some(info) = v.get_mut("commitInfo").and_then(|i| i.as_object_mut()) {
+                info.remove("timestamp");
+            }
+            v
+        })
+        .collect();
+    actions.sort_by_key(|a| a.to_string());
+    actions
+}
+
+#[tokio::test]
+async fn the_fast_append_writes_what_delta_rs_commit_writes() {
+    use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+    use deltalake::kernel::{Action, Transaction};
+    use deltalake::protocol::{DeltaOperation, OutputMode};
+    let dir = tempfile::tempdir().unwrap();
+    let (fast, slow) = (dir.path().join("fast"), dir.path().join("slow"));
+    // Batch 0 through the sink's own append path.
+    let sink = open(&fast).await;
+    assert!(matches!(
+        write(&sink, "q", 0).await,
+        CommitOutcome::Committed { version: 1 }
+    ));
+    let fast_actions = commit_actions(&fast, 1);
+
+    // The same actions committed by delta-rs's CommitBuilder to a table the
+    // sink created the same way.
+    drop(open(&slow).await);
+    let table = deltalake::open_table(url::Url::from_directory_path(&slow).unwrap())
+        .await
+        .unwrap();
+    let adds: Vec<Action> = fast_actions
+        .iter()
+        .filter(|a| a.get("add").is_some())
+        .map(|a| serde_json::from_value(a.clone()).unwrap())
+        .collect();
+    assert_eq!(adds.len(), 1);
+    let lakestream = fast_actions
+        .iter()
+        .find_map(|a| a.get("commitInfo"))
+        .and_then(|i| i.get("lakestream"))
+        .expect("lakestream's metadata in commitInfo")
+        .clone();
+    let props = CommitProperties::default()
+        .with_application_transaction(Transaction::new("q", 0))
+        .with_metadata([("lakestream".to_string(), lakestream)]);
+    CommitBuilder::from(props)
+        .with_actions(adds)
+        .build(
+            Some(table.snapshot().unwrap()),
+            table.log_store(),
+            DeltaOperation::StreamingUpdate {
+                output_mode: OutputMode::Append,
+                query_id: "q".into(),
+                epoch_id: 0,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(commit_actions(&slow, 1), fast_actions);
+
+    // And a fresh reader of the fast table sees the batch and its txn.
+    let read = deltalake::open_table(url::Url::from_directory_path(&fast).unwrap())
+        .await
+        .unwrap();
+    let txn = read
+        .snapshot()
+        .unwrap()
+        .transaction_version(read.log_store().as_ref(), "q")
+        .await
+        .unwrap();
+    assert_eq!(txn, Some(0));
+    assert_eq!(crate::common::count_distinct(&fast, "v").await, (1, 1));
+}

@@ -19,6 +19,15 @@
 //! built. No locking service is needed; a store that cannot create
 //! atomically is refused when the sink opens
 //! ([`Location::verify_atomic_create`]).
+//!
+//! The module, by concern: this file holds the sink, its view of the table
+//! (metadata without the file list; the file list loaded only where
+//! delta-rs needs it) and the `Sink` implementation; `append` the fast
+//! append (one create-if-absent write of the commit file); `txn` the
+//! query's txn version (cached, brought forward commit by commit, or read
+//! from the snapshot); `maintenance` Delta checkpoints and auto-compaction
+//! off the batch path; `schema` the Delta schema of a query's output;
+//! `writer` the streaming Parquet writer of a batch.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,6 +53,17 @@ use tokio::sync::Mutex;
 
 use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged};
 use lakestream_storage::Location;
+
+mod append;
+mod maintenance;
+mod schema;
+mod txn;
+mod writer;
+
+use maintenance::{checkpoint_interval, cleanup_every};
+use schema::describe_schema;
+pub use schema::{cast_batch, delta_schema};
+use writer::DeltaBatchWriter;
 
 /// Default target size of a data file: 128 MiB.
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
@@ -254,6 +274,18 @@ impl DeltaSink {
         }
     }
 
+    /// The sink's view of the table in `slot`, loaded (metadata only) when
+    /// the sink has not looked yet; `None` when there is no table.
+    async fn loaded<'a>(&self, slot: &'a mut Option<Loaded>) -> Result<Option<&'a mut Loaded>> {
+        if slot.is_none() {
+            match self.load_meta().await? {
+                Some(meta) => *slot = Some(Loaded { meta, full: None }),
+                None => return Ok(None),
+            }
+        }
+        Ok(slot.as_mut())
+    }
+
     /// The table with its file list, at its latest version.
     async fn load_full(&self) -> Result<DeltaTable> {
         self.location.ensure_local_dir()?;
@@ -323,313 +355,6 @@ impl DeltaSink {
         self.set_head(latest);
         Ok(())
     }
-
-    /// Append a batch as commit `head + 1` with one create-if-absent write
-    /// of the commit file: the bytes delta-rs's commit writes, without its
-    /// post-commit state update, which re-derives every file of the table
-    /// (parsing each file's statistics) and so costs more with every file
-    /// the table holds.
-    ///
-    /// Does not commit when the table's writer protocol is above 2
-    /// (delta-rs's commit then checks the table features), or when another
-    /// writer created that version first (delta-rs's commit then reads it
-    /// and checks for conflicts).
-    async fn append_commit(
-        &self,
-        loaded: &Loaded,
-        actions: &[Action],
-        operation: DeltaOperation,
-        app_metadata: HashMap<String, serde_json::Value>,
-        transaction: Transaction,
-        batch_id: u64,
-    ) -> Result<Append> {
-        let Some(head) = self.head(loaded) else {
-            return Ok(Append::NotApplicable);
-        };
-        if loaded.meta.protocol().min_writer_version() > 2 {
-            return Ok(Append::NotApplicable);
-        }
-        let commit_err = |e: TransactionError| Error::Commit {
-            table: self.name.clone(),
-            batch_id,
-            source: Box::new(DeltaTableError::from(e)),
-        };
-        let version = head + 1;
-        let bytes = CommitData::new(actions.to_vec(), operation, app_metadata, vec![transaction])
-            .get_bytes()
-            .map_err(commit_err)?;
-        match loaded
-            .meta
-            .log_store()
-            .write_commit_entry(
-                version,
-                CommitOrBytes::LogBytes(bytes),
-                uuid::Uuid::new_v4(),
-            )
-            .await
-        {
-            Ok(()) => Ok(Append::Committed(version)),
-            Err(TransactionError::VersionAlreadyExists(_)) => {
-                tracing::debug!(table = %self.name, version, "version taken by another writer; committing through delta-rs");
-                Ok(Append::Taken)
-            }
-            Err(e) => Err(commit_err(e)),
-        }
-    }
-
-    /// After an [`append_commit`](Self::append_commit) of `version`: remember
-    /// it, start a Delta checkpoint when one is due, and compact.
-    ///
-    /// The checkpoint is written off the batch path, on its own task: it
-    /// loads the table (its cost grows with the table's files) and the
-    /// next batches do not wait for it.
-    /// The batch is committed whatever happens to the checkpoint: a failure
-    /// is logged and the next due one tries again.
-    async fn after_append(&self, loaded: &mut Loaded, version: u64, info: &CommitInfo) {
-        let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
-        self.set_head(version);
-        self.remember_txn(&info.query_id, version, Some(batch))
-            .await;
-        self.collect_checkpoint(loaded, false).await;
-        let interval = checkpoint_interval(&loaded.meta);
-        if (version + 1).is_multiple_of(interval) {
-            let cleanup = (version + 1).is_multiple_of(cleanup_every(interval));
-            self.spawn_checkpoint(version, cleanup);
-        }
-        self.maybe_compact(loaded, info.batch_id).await;
-    }
-
-    /// Write a Delta checkpoint at the table's latest version (at least
-    /// `version`) on a task of its own. While the previous one still runs,
-    /// this one waits as `due` and starts when that one is collected (one
-    /// checkpoint, at the then latest version, stands for all that fell
-    /// due meanwhile).
-    fn spawn_checkpoint(&self, version: u64, cleanup: bool) {
-        let mut slot = self.checkpointing.lock().expect("checkpoint slot");
-        if slot.running.as_ref().is_some_and(|h| !h.is_finished()) {
-            tracing::debug!(table = %self.name, version, "the previous Delta checkpoint is still being written; this one starts after it");
-            slot.due = Some(slot.due.unwrap_or(false) || cleanup);
-            return;
-        }
-        let location = self.location.clone();
-        let name = self.name.clone();
-        slot.running = Some(tokio::spawn(async move {
-            let table_err = |source: DeltaTableError| Error::Table {
-                table: name.clone(),
-                source: Box::new(source),
-            };
-            location.ensure_local_dir()?;
-            let mut table = open_table(&location).map_err(table_err)?;
-            load_checked(&location, &mut table)
-                .await
-                .map_err(table_err)?;
-            checkpoints::create_checkpoint(&table, None)
-                .await
-                .map_err(table_err)?;
-            if cleanup {
-                checkpoints::cleanup_metadata(&table, None)
-                    .await
-                    .map_err(table_err)?;
-            }
-            Ok(table)
-        }));
-    }
-
-    /// Take the result of a finished background checkpoint (with `wait`,
-    /// wait for a running one). Its freshly loaded table replaces the
-    /// sink's file list when the sink holds one (a state reloaded from a
-    /// checkpoint does not replay the commits since the old one); the
-    /// sink does not start holding one for it.
-    async fn collect_checkpoint(&self, loaded: &mut Loaded, wait: bool) {
-        let handle = {
-            let mut slot = self.checkpointing.lock().expect("checkpoint slot");
-            if wait || slot.running.as_ref().is_some_and(|h| h.is_finished()) {
-                slot.running.take()
-            } else {
-                None
-            }
-        };
-        let Some(handle) = handle else { return };
-        let due = self
-            .checkpointing
-            .lock()
-            .expect("checkpoint slot")
-            .due
-            .take();
-        match handle.await {
-            Ok(Ok(fresh)) => {
-                if let Some(v) = fresh.version() {
-                    self.set_head(v);
-                }
-                if let Some(full) = loaded.full.as_mut()
-                    && fresh.version() >= full.version()
-                {
-                    *full = fresh;
-                }
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(table = %self.name, error = %e, "Delta checkpoint failed; the next one retries");
-            }
-            Err(e) => {
-                tracing::warn!(table = %self.name, error = %e, "Delta checkpoint task failed; the next one retries");
-            }
-        }
-        if let Some(cleanup) = due {
-            self.spawn_checkpoint(self.head(loaded).unwrap_or_default(), cleanup);
-        }
-    }
-
-    /// Compact after every `auto_compact_every` batches.
-    async fn maybe_compact(&self, loaded: &mut Loaded, batch_id: u64) {
-        if let Some(n) = self.options.auto_compact_every
-            && (batch_id + 1).is_multiple_of(n)
-        {
-            let full = match self.full(loaded).await {
-                Ok(full) => full,
-                Err(e) => {
-                    tracing::warn!(table = %self.name, batch_id, error = %e, "auto-compaction skipped: the table could not be read");
-                    return;
-                }
-            };
-            self.compact(full, batch_id).await;
-            if let Some(v) = full.version() {
-                self.set_head(v);
-            }
-        }
-    }
-
-    /// Bin-pack the table's small files (auto-compaction after `batch_id`).
-    /// The compaction commit only rearranges data (`dataChange: false`); a
-    /// failure is logged and the stream goes on: compaction is an
-    /// optimization, never part of the batch.
-    async fn compact(&self, table: &mut DeltaTable, batch_id: u64) {
-        let target = std::num::NonZeroU64::new(self.options.target_file_size)
-            .unwrap_or(std::num::NonZeroU64::MIN);
-        match table.clone().optimize().with_target_size(target).await {
-            Ok((compacted, m)) => {
-                tracing::info!(
-                    table = %self.name,
-                    batch_id,
-                    files_removed = m.num_files_removed,
-                    files_added = m.num_files_added,
-                    "auto-compaction"
-                );
-                *table = compacted;
-            }
-            Err(e) => {
-                tracing::warn!(table = %self.name, batch_id, error = %e, "auto-compaction failed; the next one retries");
-            }
-        }
-    }
-
-    /// The txn version recorded for `query_id` as of the newest version
-    /// this sink has seen.
-    ///
-    /// The whole-log lookup costs more as the log grows between Delta
-    /// checkpoints, so the answer is cached per table version and brought
-    /// up to date by reading only the commits made since (usually none:
-    /// this process is the only writer of its query).
-    async fn txn_version(&self, loaded: &Loaded, query_id: &str) -> Result<Option<i64>> {
-        let current = self.head(loaded).unwrap_or_default();
-        let log_store = loaded.meta.log_store();
-        let cached = self.txn.lock().await.clone();
-        if let Some(c) = cached
-            && c.app_id == query_id
-            && c.table_version <= current
-            && current - c.table_version <= MAX_INCREMENTAL_TXN_SCAN
-            && let Some(txn) = scan_txn(
-                log_store.as_ref(),
-                query_id,
-                c.table_version,
-                current,
-                c.txn,
-            )
-            .await
-        {
-            self.remember_txn(query_id, current, txn).await;
-            return Ok(txn);
-        }
-        let txn = snapshot_txn(&log_store, current, query_id)
-            .await
-            .map_err(|e| self.table_err(e))?;
-        self.remember_txn(query_id, current, txn).await;
-        Ok(txn)
-    }
-
-    async fn remember_txn(&self, app_id: &str, table_version: u64, txn: Option<i64>) {
-        *self.txn.lock().await = Some(TxnCache {
-            app_id: app_id.to_string(),
-            table_version,
-            txn,
-        });
-    }
-}
-
-/// The txn version of `app_id` after the commits `(from, to]`, starting
-/// from `txn` at `from`; `None` when a commit cannot be read (then the
-/// caller reads the snapshot).
-async fn scan_txn(
-    store: &dyn LogStore,
-    app_id: &str,
-    from: u64,
-    to: u64,
-    mut txn: Option<i64>,
-) -> Option<Option<i64>> {
-    for v in from + 1..=to {
-        let bytes = store.read_commit_entry(v).await.ok()??;
-        for line in bytes.split(|b| *b == b'\n') {
-            // Cheap pre-filter: most commit lines are adds.
-            if !line.windows(6).any(|w| w == b"\"txn\":") {
-                continue;
-            }
-            let action: serde_json::Value = serde_json::from_slice(line).ok()?;
-            let t = &action["txn"];
-            if t["appId"].as_str() == Some(app_id) {
-                txn = Some(t["version"].as_i64()?);
-            }
-        }
-    }
-    Some(txn)
-}
-
-/// The txn version of `app_id` in the table's snapshot at `version`, read
-/// by the Delta kernel from the newest checkpoint and the commits after it
-/// (the txn column only: no file list is built).
-async fn snapshot_txn(
-    log_store: &LogStoreRef,
-    version: u64,
-    app_id: &str,
-) -> Result<Option<i64>, DeltaTableError> {
-    let engine = log_store.engine(None);
-    // The kernel joins paths onto the root: it must end with a slash.
-    let mut root = log_store.root_url().clone();
-    if !root.path().ends_with('/') {
-        root.set_path(&format!("{}/", root.path()));
-    }
-    let app_id = app_id.to_string();
-    tokio::task::spawn_blocking(move || {
-        let snapshot = buoyant_kernel::snapshot::Snapshot::builder_for(root.as_str())
-            .at_version(version)
-            .build(engine.as_ref())?;
-        Ok(snapshot.get_app_id_version(&app_id, engine.as_ref())?)
-    })
-    .await
-    .map_err(|e| DeltaTableError::Generic(format!("txn lookup task: {e}")))?
-}
-
-/// The table's `delta.checkpointInterval` (delta-rs's default: 100).
-fn checkpoint_interval(meta: &BlindDeltaTable) -> u64 {
-    meta.table_properties()
-        .checkpoint_interval
-        .map(|n| n.get())
-        .unwrap_or(100)
-}
-
-/// Versions between expired-log cleanups: a multiple of the checkpoint
-/// interval, at least CLEANUP_EVERY_VERSIONS.
-fn cleanup_every(interval: u64) -> u64 {
-    let interval = interval.max(1);
-    interval * (CLEANUP_EVERY_VERSIONS / interval).max(1)
 }
 
 /// A [`DeltaTable`] handle (not loaded) for the table at `location`, served
@@ -717,74 +442,6 @@ fn register_log_stores() {
             }
         }
     });
-}
-
-/// The schema lakestream writes for a query output: Delta's types (UTC
-/// microsecond timestamps, plain strings and binaries) and every column
-/// nullable, so any reader opens the table.
-///
-/// A timestamp without a time zone is taken as UTC.
-pub fn delta_schema(schema: &Schema) -> SchemaRef {
-    let fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|f| Field::new(f.name(), delta_type(f.data_type()), true))
-        .collect();
-    Arc::new(Schema::new(fields))
-}
-
-fn delta_type(t: &DataType) -> DataType {
-    match t {
-        DataType::Timestamp(_, _) => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
-        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
-        DataType::Date64 => DataType::Date32,
-        DataType::UInt8 => DataType::Int16,
-        DataType::UInt16 => DataType::Int32,
-        DataType::UInt32 | DataType::UInt64 => DataType::Int64,
-        DataType::Float16 => DataType::Float32,
-        DataType::Dictionary(_, v) => delta_type(v),
-        DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) => DataType::List(
-            Arc::new(Field::new(f.name(), delta_type(f.data_type()), true)),
-        ),
-        DataType::Struct(fields) => DataType::Struct(
-            fields
-                .iter()
-                .map(|f| Field::new(f.name(), delta_type(f.data_type()), true))
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-/// Cast `batch` onto `schema` (same column order), as [`delta_schema`] maps
-/// types.
-pub fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
-    if batch.schema().fields() == schema.fields() {
-        return Ok(batch.clone());
-    }
-    let cols = batch
-        .columns()
-        .iter()
-        .zip(schema.fields())
-        .map(|(c, f)| {
-            if c.data_type() == f.data_type() {
-                Ok(c.clone())
-            } else {
-                arrow::compute::cast(c, f.data_type())
-                    .map_err(|e| format!("column {}: {e}", f.name()))
-            }
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())
-}
-
-fn describe_schema(s: &Schema) -> String {
-    s.fields()
-        .iter()
-        .map(|f| format!("{} {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[async_trait]
@@ -888,12 +545,8 @@ impl Sink for DeltaSink {
 
     async fn committed_batch(&self, query_id: &str) -> Result<Option<u64>> {
         let mut guard = self.table.lock().await;
-        let loaded = match guard.as_mut() {
-            Some(l) => l,
-            None => match self.load_meta().await? {
-                Some(meta) => guard.insert(Loaded { meta, full: None }),
-                None => return Ok(None),
-            },
+        let Some(loaded) = self.loaded(&mut guard).await? else {
+            return Ok(None);
         };
         self.refresh(loaded).await?;
         Ok(self
@@ -1086,52 +739,9 @@ impl Sink for DeltaSink {
 
     async fn version(&self) -> Result<Option<u64>> {
         let mut guard = self.table.lock().await;
-        let loaded = match guard.as_mut() {
-            Some(l) => l,
-            None => match self.load_meta().await? {
-                Some(meta) => guard.insert(Loaded { meta, full: None }),
-                None => return Ok(None),
-            },
+        let Some(loaded) = self.loaded(&mut guard).await? else {
+            return Ok(None);
         };
         Ok(self.head(loaded))
-    }
-}
-
-struct DeltaBatchWriter {
-    table: String,
-    batch_id: u64,
-    schema: SchemaRef,
-    writer: RecordBatchWriter,
-    rows: u64,
-}
-
-#[async_trait]
-impl BatchWriter for DeltaBatchWriter {
-    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
-        if batch.num_rows() == 0 {
-            return Ok(());
-        }
-        let batch = cast_batch(&batch, &self.schema).map_err(|reason| Error::SchemaMismatch {
-            table: self.table.clone(),
-            reason,
-        })?;
-        self.rows += batch.num_rows() as u64;
-        self.writer.write(batch).await.map_err(|e| Error::Write {
-            table: self.table.clone(),
-            batch_id: self.batch_id,
-            source: Box::new(e),
-        })
-    }
-
-    async fn finish(mut self: Box<Self>) -> Result<Staged> {
-        let adds = self.writer.flush().await.map_err(|e| Error::Write {
-            table: self.table.clone(),
-            batch_id: self.batch_id,
-            source: Box::new(e),
-        })?;
-        let bytes = adds.iter().map(|a| a.size.max(0) as u64).sum();
-        let files = adds.len();
-        let actions: Vec<Action> = adds.into_iter().map(Action::Add).collect();
-        Ok(Staged::new(self.batch_id, self.rows, files, bytes, actions))
     }
 }

@@ -1,0 +1,101 @@
+//! The query's txn version in the table: cached per table version,
+//! brought forward by reading the commits since, and read from the
+//! snapshot (the checkpoint's txn column, no file list) when needed.
+
+use super::*;
+
+impl DeltaSink {
+    /// The txn version recorded for `query_id` as of the newest version
+    /// this sink has seen.
+    ///
+    /// The whole-log lookup costs more as the log grows between Delta
+    /// checkpoints, so the answer is cached per table version and brought
+    /// up to date by reading only the commits made since (usually none:
+    /// this process is the only writer of its query).
+    pub(super) async fn txn_version(&self, loaded: &Loaded, query_id: &str) -> Result<Option<i64>> {
+        let current = self.head(loaded).unwrap_or_default();
+        let log_store = loaded.meta.log_store();
+        let cached = self.txn.lock().await.clone();
+        if let Some(c) = cached
+            && c.app_id == query_id
+            && c.table_version <= current
+            && current - c.table_version <= MAX_INCREMENTAL_TXN_SCAN
+            && let Some(txn) = scan_txn(
+                log_store.as_ref(),
+                query_id,
+                c.table_version,
+                current,
+                c.txn,
+            )
+            .await
+        {
+            self.remember_txn(query_id, current, txn).await;
+            return Ok(txn);
+        }
+        let txn = snapshot_txn(&log_store, current, query_id)
+            .await
+            .map_err(|e| self.table_err(e))?;
+        self.remember_txn(query_id, current, txn).await;
+        Ok(txn)
+    }
+
+    pub(super) async fn remember_txn(&self, app_id: &str, table_version: u64, txn: Option<i64>) {
+        *self.txn.lock().await = Some(TxnCache {
+            app_id: app_id.to_string(),
+            table_version,
+            txn,
+        });
+    }
+}
+
+/// The txn version of `app_id` after the commits `(from, to]`, starting
+/// from `txn` at `from`; `None` when a commit cannot be read (then the
+/// caller reads the snapshot).
+async fn scan_txn(
+    store: &dyn LogStore,
+    app_id: &str,
+    from: u64,
+    to: u64,
+    mut txn: Option<i64>,
+) -> Option<Option<i64>> {
+    for v in from + 1..=to {
+        let bytes = store.read_commit_entry(v).await.ok()??;
+        for line in bytes.split(|b| *b == b'\n') {
+            // Cheap pre-filter: most commit lines are adds.
+            if !line.windows(6).any(|w| w == b"\"txn\":") {
+                continue;
+            }
+            let action: serde_json::Value = serde_json::from_slice(line).ok()?;
+            let t = &action["txn"];
+            if t["appId"].as_str() == Some(app_id) {
+                txn = Some(t["version"].as_i64()?);
+            }
+        }
+    }
+    Some(txn)
+}
+
+/// The txn version of `app_id` in the table's snapshot at `version`, read
+/// by the Delta kernel from the newest checkpoint and the commits after it
+/// (the txn column only: no file list is built).
+async fn snapshot_txn(
+    log_store: &LogStoreRef,
+    version: u64,
+    app_id: &str,
+) -> Result<Option<i64>, DeltaTableError> {
+    let engine = log_store.engine(None);
+    // The kernel joins paths onto the root: it must end with a slash.
+    let mut root = log_store.root_url().clone();
+    if !root.path().ends_with('/') {
+        root.set_path(&format!("{}/", root.path()));
+    }
+    let app_id = app_id.to_string();
+    tokio::task::spawn_blocking(move || {
+        let snapshot = buoyant_kernel::snapshot::Snapshot::builder_for(root.as_str())
+            .at_version(version)
+            .build(engine.as_ref())?;
+        Ok(snapshot.get_app_id_version(&app_id, engine.as_ref())?)
+    })
+    .await
+    .map_err(|e| DeltaTableError::Generic(format!("txn lookup task: {e}")))?
+}
