@@ -206,19 +206,8 @@ enum TableAction {
 
 /// A size such as `134217728`, `128MiB`, `64mb` or `1GiB`.
 fn parse_size(v: &str) -> Result<u64, String> {
-    let v = v.trim();
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (num, unit) = v.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{v:?} is not a size"))?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?} (use KiB, MiB or GiB)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{v:?} is too large"))
+    lakestream_engine::parse_size(v)
+        .ok_or_else(|| format!("{v:?} is not a size: give bytes or a number with KiB, MiB or GiB"))
 }
 
 async fn table_command(action: TableAction) -> anyhow::Result<()> {

@@ -21,6 +21,7 @@ mod query;
 
 use std::time::Duration;
 
+pub use connectors::parse_size;
 pub use progress::{BatchProgress, Durations, SourceProgress};
 pub use query::{
     DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, PROGRESS_EVENTS_BUFFER, QueryBuilder,

@@ -341,8 +341,9 @@ pub(crate) fn table_store_options(
     o
 }
 
-/// `1000`, `64MB`, `1GiB`, `128k` ...
-pub(crate) fn parse_size(v: &str) -> Option<u64> {
+/// A size or count: `1000`, `64MB`, `1GiB`, `128k` (units of 1024);
+/// `None` when it is not one or does not fit in a `u64`.
+pub fn parse_size(v: &str) -> Option<u64> {
     let v = v.trim();
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
     let (n, unit) = v.split_at(split);
