@@ -4,6 +4,18 @@
 //! running, 2 invalid command line or job file, 3 the checkpoint is in use
 //! by another process, 130 aborted by a second signal.
 
+/// `println!` for the reports of `status`, `query` and `table`: when
+/// stdout is closed (`lakestream status | head -3`) the process ends
+/// quietly with success, as Unix tools do, instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            crate::stdout_failed(e);
+        }
+    }};
+}
+
 mod bench;
 mod progress_bar;
 mod query;
@@ -58,9 +70,8 @@ enum Command {
         /// Print one JSON object per batch on stdout.
         #[arg(long)]
         progress_json: bool,
-        /// Storage option for every location, as KEY=VALUE (repeatable).
-        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
-        storage_options: Vec<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
     /// Show a checkpoint: query id, last planned and committed batch, offsets.
     #[command(
@@ -73,9 +84,8 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
-        /// Storage option, as KEY=VALUE (repeatable).
-        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
-        storage_options: Vec<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
     /// Measure end-to-end throughput, per-batch overhead and commit time
     /// against the raw cost of decoding and encoding, on generated data.
@@ -134,9 +144,8 @@ enum Command {
         /// Output format.
         #[arg(long, default_value = "table", value_parser = ["table", "json", "csv"])]
         format: String,
-        /// Storage option, as KEY=VALUE (repeatable).
-        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
-        storage_options: Vec<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
 }
 
@@ -153,9 +162,8 @@ enum TableAction {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
-        /// Storage option, as KEY=VALUE (repeatable).
-        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
-        storage_options: Vec<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
     /// Delete data files the table no longer references (dry run unless --execute).
     Vacuum {
@@ -173,9 +181,8 @@ enum TableAction {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
-        /// Storage option, as KEY=VALUE (repeatable).
-        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
-        storage_options: Vec<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
     /// Write a Delta log checkpoint at the current version.
     Checkpoint {
@@ -184,9 +191,8 @@ enum TableAction {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
-        /// Storage option, as KEY=VALUE (repeatable).
-        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
-        storage_options: Vec<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
     /// Show the latest commits: version, time, operation, batch id.
     History {
@@ -198,9 +204,8 @@ enum TableAction {
         /// Print one JSON object per commit.
         #[arg(long)]
         json: bool,
-        /// Storage option, as KEY=VALUE (repeatable).
-        #[arg(long = "storage-option", value_name = "KEY=VALUE")]
-        storage_options: Vec<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
 }
 
@@ -216,15 +221,15 @@ async fn table_command(action: TableAction) -> anyhow::Result<()> {
             table: t,
             target_size,
             json,
-            storage_options,
-        } => table::optimize(&t, target_size, json, &parse_kv(&storage_options)?).await,
+            storage,
+        } => table::optimize(&t, target_size, json, &storage.options()).await,
         TableAction::Vacuum {
             table: t,
             retention_hours,
             execute,
             allow_short_retention,
             json,
-            storage_options,
+            storage,
         } => {
             table::vacuum(
                 &t,
@@ -232,35 +237,58 @@ async fn table_command(action: TableAction) -> anyhow::Result<()> {
                 execute,
                 allow_short_retention,
                 json,
-                &parse_kv(&storage_options)?,
+                &storage.options(),
             )
             .await
         }
         TableAction::Checkpoint {
             table: t,
             json,
-            storage_options,
-        } => table::checkpoint(&t, json, &parse_kv(&storage_options)?).await,
+            storage,
+        } => table::checkpoint(&t, json, &storage.options()).await,
         TableAction::History {
             table: t,
             limit,
             json,
-            storage_options,
-        } => table::history(&t, limit, json, &parse_kv(&storage_options)?).await,
+            storage,
+        } => table::history(&t, limit, json, &storage.options()).await,
     }
 }
 
 /// `KEY=VALUE` storage options; keys normalized (`aws.region` is
 /// `aws_region`), a later one wins.
-fn parse_kv(items: &[String]) -> anyhow::Result<HashMap<String, String>> {
-    items
-        .iter()
-        .map(|s| {
-            s.split_once('=')
-                .map(|(k, v)| (lakestream::storage::normalize_option_key(k), v.to_string()))
-                .with_context(|| format!("storage option {s:?} is not KEY=VALUE"))
-        })
-        .collect()
+/// A report could not be written to stdout: a closed pipe ends the process
+/// with success (the reader has what it wanted); any other error fails.
+fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: cannot write to stdout: {e}");
+    std::process::exit(1);
+}
+
+/// `--storage-option KEY=VALUE` (repeatable), shared by every subcommand
+/// that opens a location: applied to every location it opens. Keys are
+/// normalized (`aws.endpoint` and `AWS_ENDPOINT` are one key).
+#[derive(Debug, Clone, Default, clap::Args)]
+struct StorageArgs {
+    /// Storage option for every location, as KEY=VALUE (repeatable), such
+    /// as aws_endpoint=http://127.0.0.1:9000.
+    #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = parse_storage_option)]
+    storage_options: Vec<(String, String)>,
+}
+
+impl StorageArgs {
+    /// The options as a map (a later repetition of a key wins).
+    fn options(&self) -> HashMap<String, String> {
+        self.storage_options.iter().cloned().collect()
+    }
+}
+
+fn parse_storage_option(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (lakestream::storage::normalize_option_key(k), v.to_string()))
+        .ok_or_else(|| format!("storage option {s:?} is not KEY=VALUE"))
 }
 
 /// Limit glibc's malloc to two arenas unless `MALLOC_ARENA_MAX` says
@@ -310,19 +338,19 @@ fn main() -> ExitCode {
                 checkpoint,
                 trigger,
                 progress_json,
-                storage_options,
-            } => run(job, checkpoint, trigger, progress_json, storage_options).await,
+                storage,
+            } => run(job, checkpoint, trigger, progress_json, storage.options()).await,
             Command::Status {
                 checkpoint,
                 json,
-                storage_options,
-            } => report(status::status(&checkpoint, json, &storage_options).await),
+                storage,
+            } => report(status::status(&checkpoint, json, &storage.options()).await),
             Command::Table { action } => report(table_command(action).await),
             Command::Query {
                 sql,
                 format,
-                storage_options,
-            } => report(query::query(&sql, &format, &storage_options).await),
+                storage,
+            } => report(query::query(&sql, &format, &storage.options()).await),
             Command::Bench {
                 dir,
                 rows,
@@ -395,7 +423,7 @@ async fn run(
     checkpoint: String,
     trigger: Option<Trigger>,
     progress_json: bool,
-    storage_options: Vec<String>,
+    storage_options: HashMap<String, String>,
 ) -> ExitCode {
     let text = match std::fs::read_to_string(&job) {
         Ok(t) => t,
@@ -404,9 +432,9 @@ async fn run(
             return ExitCode::from(EXIT_INVALID);
         }
     };
-    let (storage_options, fail_point) = match (parse_kv(&storage_options), fail_point_from_env()) {
-        (Ok(s), Ok(f)) => (s, f),
-        (Err(e), _) | (_, Err(e)) => {
+    let fail_point = match fail_point_from_env() {
+        Ok(f) => f,
+        Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::from(EXIT_INVALID);
         }

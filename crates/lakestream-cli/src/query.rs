@@ -14,8 +14,11 @@ use lakestream_engine::storage::Location;
 
 /// Run `sql`, registering each quoted path it names as a table, and print
 /// the result in `format` (`table`, `json` lines or `csv`).
-pub(crate) async fn query(sql: &str, format: &str, options: &[String]) -> anyhow::Result<()> {
-    let options: HashMap<String, String> = crate::parse_kv(options)?;
+pub(crate) async fn query(
+    sql: &str,
+    format: &str,
+    options: &HashMap<String, String>,
+) -> anyhow::Result<()> {
     let ctx = SessionContext::new();
     let statements = DFParser::parse_sql(sql).map_err(|e| anyhow::anyhow!(e.strip_backtrace()))?;
     let mut names = Vec::new();
@@ -35,7 +38,7 @@ pub(crate) async fn query(sql: &str, format: &str, options: &[String]) -> anyhow
     names.dedup();
     for name in names {
         if looks_like_path(&name) {
-            register(&ctx, &name, &options)
+            register(&ctx, &name, options)
                 .await
                 .with_context(|| format!("cannot open table {name:?}"))?;
         }
@@ -62,7 +65,7 @@ pub(crate) async fn query(sql: &str, format: &str, options: &[String]) -> anyhow
                 w.write(b)?;
             }
         }
-        _ => println!("{}", arrow::util::pretty::pretty_format_batches(&batches)?),
+        _ => outln!("{}", arrow::util::pretty::pretty_format_batches(&batches)?),
     }
     Ok(())
 }

@@ -6,9 +6,12 @@ use anyhow::Context;
 use lakestream_engine::checkpoint::Checkpoint;
 
 /// Print the status of the checkpoint at `location`.
-pub(crate) async fn status(location: &str, json: bool, options: &[String]) -> anyhow::Result<()> {
-    let options: HashMap<String, String> = crate::parse_kv(options)?;
-    let view = Checkpoint::inspect(location, &options)
+pub(crate) async fn status(
+    location: &str,
+    json: bool,
+    options: &HashMap<String, String>,
+) -> anyhow::Result<()> {
+    let view = Checkpoint::inspect(location, options)
         .await?
         .with_context(|| format!("no checkpoint at {location}"))?;
     let planned = view.latest_offsets().await?;
@@ -33,7 +36,7 @@ pub(crate) async fn status(location: &str, json: bool, options: &[String]) -> an
         "sources": sources,
     });
     if json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     let opt = |v: &serde_json::Value| {
@@ -43,8 +46,8 @@ pub(crate) async fn status(location: &str, json: bool, options: &[String]) -> an
             v.to_string()
         }
     };
-    println!("query id:             {}", view.metadata().query_id);
-    println!(
+    outln!("query id:             {}", view.metadata().query_id);
+    outln!(
         "running:              {}",
         match running {
             Some(true) => "yes",
@@ -52,22 +55,22 @@ pub(crate) async fn status(location: &str, json: bool, options: &[String]) -> an
             None => "unknown (remote checkpoint)",
         }
     );
-    println!("last planned batch:   {}", opt(&out["last_planned_batch"]));
-    println!(
+    outln!("last planned batch:   {}", opt(&out["last_planned_batch"]));
+    outln!(
         "last committed batch: {}",
         opt(&out["last_committed_batch"])
     );
-    println!("table version:        {}", opt(&out["table_version"]));
+    outln!("table version:        {}", opt(&out["table_version"]));
     if let (Some(p), Some(c)) = (&planned, &committed)
         && p.batch_id > c.batch_id
     {
-        println!(
+        outln!(
             "pending:              batch {} is planned but not committed; it re-runs on restart",
             p.batch_id
         );
     }
     for (name, s) in &sources {
-        println!("source {name}: {s}");
+        outln!("source {name}: {s}");
     }
     Ok(())
 }

@@ -29,9 +29,9 @@ async fn load(url: &str, options: &HashMap<String, String>) -> anyhow::Result<De
 
 fn print(json_out: bool, value: &Value, human: &str) {
     if json_out {
-        println!("{value}");
+        outln!("{value}");
     } else {
-        println!("{human}");
+        outln!("{human}");
     }
 }
 

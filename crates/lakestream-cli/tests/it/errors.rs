@@ -598,3 +598,59 @@ fn job_errors_point_at_line_and_column() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(stderr(&o).contains("max_file_per_trigger"), "{}", text(&o));
 }
+
+/// `lakestream status | head -1`: the reader closed the pipe; the report
+/// ends quietly with success instead of a panic and a backtrace. So does
+/// a bad `--storage-option`, refused as a usage error before anything runs.
+#[test]
+fn reports_to_a_closed_pipe_end_quietly_and_bad_storage_options_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    write_events(&input, 0, 2, 5);
+    std::fs::write(
+        dir.path().join("job.sql"),
+        events_job(&input, &dir.path().join("table"), 1),
+    )
+    .unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let out = run_in(
+        dir.path(),
+        &[
+            "run",
+            "job.sql",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--trigger",
+            "available-now",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = bin()
+        .args(["status", "--checkpoint", ckpt.to_str().unwrap()])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+
+    let out = run_in(
+        dir.path(),
+        &[
+            "status",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--storage-option",
+            "aws_region",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("storage option \"aws_region\" is not KEY=VALUE"),
+        "{}",
+        stderr(&out)
+    );
+}
