@@ -15,8 +15,9 @@ use lakestream_plan::{Job, TableDecl};
 use lakestream_sink::delta::delta_schema;
 use lakestream_storage::normalize_option_key;
 
-use crate::connectors::{Connectors, describe, table_store_options};
+use crate::connectors::{Connectors, table_store_options};
 use crate::{Error, FailPoint, QueryBuilder, Result, Trigger};
+use lakestream_sink::describe_schema;
 
 /// How to run a job file.
 #[derive(Clone)]
@@ -138,9 +139,9 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
                     job.insert.pos,
                     format!(
                         "the query produces ({}) but {} declares ({})",
-                        describe(&b),
+                        describe_schema(&b),
                         target.name,
-                        describe(&a)
+                        describe_schema(&a)
                     ),
                 )
                 .into());

@@ -87,6 +87,25 @@ pub enum Error {
     Storage(#[from] lakestream_storage::Error),
 }
 
+/// A schema as `name type, ...`, for messages.
+pub fn describe_schema(s: &arrow::datatypes::Schema) -> String {
+    s.fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether two schemas have the same column names and types, in order
+/// (nullability aside).
+pub(crate) fn same_columns(a: &arrow::datatypes::Schema, b: &arrow::datatypes::Schema) -> bool {
+    a.fields().len() == b.fields().len()
+        && a.fields()
+            .iter()
+            .zip(b.fields())
+            .all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
+}
+
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -19,7 +19,7 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 
-use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged};
+use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged, describe_schema};
 
 /// One committed batch of a [`MemorySink`].
 #[derive(Debug, Clone)]
@@ -109,12 +109,7 @@ impl Sink for MemorySink {
                 Ok(())
             }
             Some(have) => {
-                let same = have.fields().len() == schema.fields().len()
-                    && have
-                        .fields()
-                        .iter()
-                        .zip(schema.fields())
-                        .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+                let same = crate::same_columns(have, &schema);
                 if same {
                     Ok(())
                 } else {
@@ -122,8 +117,8 @@ impl Sink for MemorySink {
                         table: self.name.clone(),
                         reason: format!(
                             "the table has ({}), the query produces ({})",
-                            describe(have),
-                            describe(&schema)
+                            describe_schema(have),
+                            describe_schema(&schema)
                         ),
                     })
                 }
@@ -198,14 +193,6 @@ impl Sink for MemorySink {
     }
 }
 
-fn describe(s: &SchemaRef) -> String {
-    s.fields()
-        .iter()
-        .map(|f| format!("{} {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 struct MemoryWriter {
     table: String,
     batch_id: u64,
@@ -227,8 +214,8 @@ impl BatchWriter for MemoryWriter {
                 reason: format!(
                     "batch {} has ({}), the table ({})",
                     self.batch_id,
-                    describe(&batch.schema()),
-                    describe(&self.schema)
+                    describe_schema(&batch.schema()),
+                    describe_schema(&self.schema)
                 ),
             });
         }

@@ -7,8 +7,9 @@ use lakestream_sink::delta::delta_schema;
 use lakestream_source::Source;
 use lakestream_source::generator::{GeneratorOptions, GeneratorSource};
 
-use super::{SourceConnector, TableContext, describe};
+use super::{SourceConnector, TableContext};
 use crate::Result;
+use lakestream_sink::describe_schema;
 
 /// Builds [`GeneratorSource`]s: `rows` (default 1000 when no rate is
 /// given), `rows_per_second`, `seed`, `max_rows_per_trigger`, `batch_size`.
@@ -50,7 +51,7 @@ impl SourceConnector for GeneratorConnector {
         {
             return Err(ctx.error(format!(
                 "a GENERATOR table has the columns ({}); declare those or none",
-                describe(&source.schema())
+                describe_schema(&source.schema())
             )));
         }
         Ok(Arc::new(source))

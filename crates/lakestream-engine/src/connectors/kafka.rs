@@ -166,9 +166,10 @@ impl SourceConnector for KafkaConnector {
             ("request_timeout", &mut o.request_timeout),
             ("unavailable_timeout", &mut o.unavailable_timeout),
         ] {
-            if let Some(v) = t.options.get(key) {
-                *field = crate::parse_duration(v)
-                    .ok_or_else(|| err(format!("{key} must be a duration like 30s, got {v:?}")))?;
+            if let Some(d) = ctx.duration(key, |v| {
+                format!("{key} must be a duration like 30s, got {v:?}")
+            })? {
+                *field = d;
             }
         }
         o.commit_group = t.options.get("commit_offsets_to_group").cloned();

@@ -366,15 +366,6 @@ pub(crate) fn is_storage_key(key: &str) -> bool {
         .any(|p| key.starts_with(p))
 }
 
-/// `a, b` of a schema, for messages.
-pub(crate) fn describe(s: &arrow::datatypes::Schema) -> String {
-    s.fields()
-        .iter()
-        .map(|f| format!("{} {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,7 +51,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use tokio::sync::Mutex;
 
-use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged};
+use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged, describe_schema};
 use lakestream_storage::Location;
 
 mod append;
@@ -61,7 +61,6 @@ mod txn;
 mod writer;
 
 use maintenance::{checkpoint_interval, cleanup_every};
-use schema::describe_schema;
 pub use schema::{cast_batch, delta_schema};
 use writer::DeltaBatchWriter;
 
@@ -499,13 +498,7 @@ impl Sink for DeltaSink {
         };
         let existing = meta.arrow_schema().map_err(|e| self.table_err(e))?;
         let have = delta_schema(&existing);
-        if have.fields().len() != wanted.fields().len()
-            || have
-                .fields()
-                .iter()
-                .zip(wanted.fields())
-                .any(|(a, b)| a.name() != b.name() || a.data_type() != b.data_type())
-        {
+        if !crate::same_columns(&have, &wanted) {
             return Err(Error::SchemaMismatch {
                 table: self.name.clone(),
                 reason: format!(

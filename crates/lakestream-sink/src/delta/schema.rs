@@ -61,11 +61,3 @@ pub fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch
         .collect::<Result<Vec<_>, String>>()?;
     RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())
 }
-
-pub(super) fn describe_schema(s: &Schema) -> String {
-    s.fields()
-        .iter()
-        .map(|f| format!("{} {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}

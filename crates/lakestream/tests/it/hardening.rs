@@ -53,26 +53,21 @@ async fn a_source_object_reused_after_a_plan_that_was_never_written_ahead_loses_
     assert!(taken.is_some());
     // An available-now run freezes the listing; the same object then runs
     // again after more files arrive.
-    let summary = crate::common::available_now_shared(
-        source.clone(),
-        "SELECT id FROM events",
-        dir.join("table").to_str().unwrap(),
-        dir.join("ckpt").to_str().unwrap(),
-    )
-    .run()
-    .await
-    .unwrap();
+    let run = || async {
+        crate::common::available_now_shared(
+            source.clone(),
+            "SELECT id FROM events",
+            dir.join("table").to_str().unwrap(),
+            dir.join("ckpt").to_str().unwrap(),
+        )
+        .run()
+        .await
+        .unwrap()
+    };
+    let summary = run().await;
     assert_eq!(summary.input_rows, 40, "{summary:?}");
     write_files(&dir.join("in"), 4, 6);
-    let summary = crate::common::available_now_shared(
-        source.clone(),
-        "SELECT id FROM events",
-        dir.join("table").to_str().unwrap(),
-        dir.join("ckpt").to_str().unwrap(),
-    )
-    .run()
-    .await
-    .unwrap();
+    let summary = run().await;
     assert_eq!(summary.input_rows, 20, "{summary:?}");
     let (n, d) = crate::common::count_distinct(&dir.join("table"), "id").await;
     assert_eq!((n, d), (60, 60));

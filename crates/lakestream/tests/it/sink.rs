@@ -262,28 +262,34 @@ async fn commit(sink: &dyn Sink, query: &str, id: u64, values: &[i64]) -> Commit
     sink.commit(staged, &info(query, id)).await.unwrap()
 }
 
+/// Commit batch `id` of `query` and check it landed.
+async fn assert_committed(sink: &dyn Sink, query: &str, id: u64, values: &[i64]) {
+    let outcome = commit(sink, query, id, values).await;
+    assert!(
+        matches!(outcome, CommitOutcome::Committed { .. }),
+        "batch {id} of {query}: {outcome:?}"
+    );
+}
+
+/// Commit batch `id` of `query` again and check nothing was committed.
+async fn assert_already(sink: &dyn Sink, query: &str, id: u64, values: &[i64]) {
+    let outcome = commit(sink, query, id, values).await;
+    assert!(
+        matches!(outcome, CommitOutcome::AlreadyCommitted { .. }),
+        "batch {id} of {query}: {outcome:?}"
+    );
+}
+
 /// The contract every sink keeps, run against fresh tables from `target`.
 async fn idempotence_suite<T: Target>(target: impl Fn(&str) -> T) {
     // A batch committed twice by one writer is in the table once; so is a
     // replay of an older batch.
     let t = target("twice");
     let a = t.writer().await;
-    assert!(matches!(
-        commit(&*a, "q", 0, &[1, 2]).await,
-        CommitOutcome::Committed { .. }
-    ));
-    assert!(matches!(
-        commit(&*a, "q", 1, &[3]).await,
-        CommitOutcome::Committed { .. }
-    ));
-    assert!(matches!(
-        commit(&*a, "q", 1, &[3]).await,
-        CommitOutcome::AlreadyCommitted { .. }
-    ));
-    assert!(matches!(
-        commit(&*a, "q", 0, &[1, 2]).await,
-        CommitOutcome::AlreadyCommitted { .. }
-    ));
+    assert_committed(&*a, "q", 0, &[1, 2]).await;
+    assert_committed(&*a, "q", 1, &[3]).await;
+    assert_already(&*a, "q", 1, &[3]).await;
+    assert_already(&*a, "q", 0, &[1, 2]).await;
     assert_eq!(t.values().await, vec![1, 2, 3]);
 
     // Two writers stage the same batch; whichever commits second finds it
@@ -308,42 +314,21 @@ async fn idempotence_suite<T: Target>(target: impl Fn(&str) -> T) {
     // in the table, and its re-run commits nothing.
     let t = target("restart");
     let a = t.writer().await;
-    assert!(matches!(
-        commit(&*a, "q", 0, &[20]).await,
-        CommitOutcome::Committed { .. }
-    ));
-    assert!(matches!(
-        commit(&*a, "q", 1, &[21]).await,
-        CommitOutcome::Committed { .. }
-    ));
+    assert_committed(&*a, "q", 0, &[20]).await;
+    assert_committed(&*a, "q", 1, &[21]).await;
     drop(a);
     let b = t.writer().await;
     assert_eq!(b.committed_batch("q").await.unwrap(), Some(1));
-    assert!(matches!(
-        commit(&*b, "q", 1, &[21]).await,
-        CommitOutcome::AlreadyCommitted { .. }
-    ));
-    assert!(matches!(
-        commit(&*b, "q", 2, &[22]).await,
-        CommitOutcome::Committed { .. }
-    ));
+    assert_already(&*b, "q", 1, &[21]).await;
+    assert_committed(&*b, "q", 2, &[22]).await;
     assert_eq!(t.values().await, vec![20, 21, 22]);
 
     // Batch ids belong to their query; an empty batch is recorded too.
     let t = target("queries");
     let a = t.writer().await;
-    assert!(matches!(
-        commit(&*a, "q1", 5, &[30]).await,
-        CommitOutcome::Committed { .. }
-    ));
-    assert!(matches!(
-        commit(&*a, "q2", 5, &[31]).await,
-        CommitOutcome::Committed { .. }
-    ));
-    assert!(matches!(
-        commit(&*a, "q2", 6, &[]).await,
-        CommitOutcome::Committed { .. }
-    ));
+    assert_committed(&*a, "q1", 5, &[30]).await;
+    assert_committed(&*a, "q2", 5, &[31]).await;
+    assert_committed(&*a, "q2", 6, &[]).await;
     assert_eq!(a.committed_batch("q1").await.unwrap(), Some(5));
     assert_eq!(a.committed_batch("q2").await.unwrap(), Some(6));
     assert_eq!(a.committed_batch("q3").await.unwrap(), None);
