@@ -14,6 +14,11 @@
 //!
 //! The sink idempotence suite lives beside the sink tests
 //! (`crates/lakestream/tests/it/sink.rs`).
+//!
+//! [`slt`] runs SQL logic test files of whole jobs (`tests/slt/*.slt`):
+//! declare a job, feed its sources, run a batch, check the table.
+
+pub mod slt;
 
 use std::sync::Arc;
 

@@ -8,6 +8,7 @@ mod golden;
 mod hardening;
 mod kafka_faults;
 mod sink;
+mod slt;
 mod snapshots;
 mod source_suite;
 mod store_faults;
