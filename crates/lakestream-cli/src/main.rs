@@ -395,11 +395,13 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
 fn engine_exit(e: &lakestream_engine::Error) -> ExitCode {
     eprintln!("error: {e}");
     if e.is_checkpoint_in_use() {
-        ExitCode::from(EXIT_IN_USE)
-    } else if e.is_user_error() {
-        ExitCode::from(EXIT_INVALID)
-    } else {
-        ExitCode::from(EXIT_FAILED)
+        return ExitCode::from(EXIT_IN_USE);
+    }
+    match e.kind() {
+        lakestream_engine::ErrorKind::User => ExitCode::from(EXIT_INVALID),
+        lakestream_engine::ErrorKind::External | lakestream_engine::ErrorKind::Internal => {
+            ExitCode::from(EXIT_FAILED)
+        }
     }
 }
 

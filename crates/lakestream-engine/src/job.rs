@@ -87,10 +87,10 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
             .state()
             .statement_to_plan(stmt.clone())
             .await
-            .map_err(|e| Error::Query(e.strip_backtrace()))?;
+            .map_err(|e| Error::Plan(Box::new(e)))?;
         ctx.execute_logical_plan(plan)
             .await
-            .map_err(|e| Error::Query(e.strip_backtrace()))?;
+            .map_err(|e| Error::Plan(Box::new(e)))?;
     }
     // The sink first: a job whose target no connector can write is refused
     // before any source touches the checkpoint (an inferred schema is

@@ -19,7 +19,10 @@ mod progress;
 mod provider;
 mod query;
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use datafusion::error::DataFusionError;
 
 pub use connectors::parse_size;
 pub use progress::{BatchProgress, Durations, SourceProgress};
@@ -53,9 +56,10 @@ pub enum Error {
     SourceInBatch {
         /// The batch id.
         batch_id: u64,
-        /// The source's error.
+        /// The source's error (shared: DataFusion may have handed copies
+        /// of it to several operators).
         #[source]
-        source: Box<lakestream_source::Error>,
+        source: Arc<lakestream_source::Error>,
     },
     /// A source stayed unavailable (broker unreachable, topic missing)
     /// longer than its `unavailable_timeout`.
@@ -83,16 +87,23 @@ pub enum Error {
     /// The job file is invalid.
     #[error(transparent)]
     Job(Box<lakestream_plan::Error>),
-    /// The query is not valid or cannot be planned.
+    /// The query cannot run as a stream: no sink, source or SQL was
+    /// given, or its shape is refused (what and why in the message).
     #[error("query: {0}")]
-    Query(String),
-    /// DataFusion failed while running batch `batch_id`.
-    #[error("batch {batch_id}: query execution failed: {message}")]
+    InvalidQuery(String),
+    /// DataFusion could not plan the query (a syntax error, an unknown
+    /// column or function, a type error).
+    #[error("query: {}", .0.strip_backtrace())]
+    Plan(#[source] Box<DataFusionError>),
+    /// DataFusion failed while running batch `batch_id` (a failed cast,
+    /// a division by zero, memory exhausted). The batch is not committed.
+    #[error("batch {batch_id}: query execution failed: {}", source.strip_backtrace())]
     Execution {
         /// The batch id.
         batch_id: u64,
-        /// DataFusion's message.
-        message: String,
+        /// DataFusion's error.
+        #[source]
+        source: Box<DataFusionError>,
     },
     /// A test fail point fired (see [`FailPoint`]).
     #[error("fail point {point:?} fired at batch {batch_id}")]
@@ -142,24 +153,62 @@ impl Error {
     }
 
     /// True when the error is in the job or query itself (fix the job, not
-    /// the environment).
+    /// the environment): [`ErrorKind::User`].
     pub fn is_user_error(&self) -> bool {
-        match self {
-            Error::Job(_) | Error::Query(_) => true,
+        self.kind() == ErrorKind::User
+    }
+
+    /// Whose move it is: fix the job, look at the environment or input,
+    /// or report a bug. The CLI's exit code follows it.
+    pub fn kind(&self) -> ErrorKind {
+        let user = match self {
+            Error::Job(_) | Error::InvalidQuery(_) | Error::Plan(_) => true,
             Error::Sink(e) => matches!(
                 **e,
                 lakestream_sink::Error::SchemaMismatch { .. }
                     | lakestream_sink::Error::InvalidConfig { .. }
             ),
-            Error::Source(e) | Error::SourceInBatch { source: e, .. } => {
-                matches!(**e, lakestream_source::Error::InvalidOption { .. })
+            Error::Source(e) => matches!(**e, lakestream_source::Error::InvalidOption { .. }),
+            Error::SourceInBatch { source, .. } => {
+                matches!(**source, lakestream_source::Error::InvalidOption { .. })
             }
             Error::Checkpoint(e) => {
                 matches!(**e, lakestream_checkpoint::Error::QueryChanged { .. })
             }
             _ => false,
+        };
+        let internal = match self {
+            Error::Internal(_) => true,
+            Error::Execution { source, .. } => matches!(
+                source.find_root(),
+                DataFusionError::Internal(_) | DataFusionError::NotImplemented(_)
+            ),
+            _ => false,
+        };
+        if user {
+            ErrorKind::User
+        } else if internal {
+            ErrorKind::Internal
+        } else {
+            ErrorKind::External
         }
     }
+}
+
+/// What kind of failure an [`Error`] is, for exit codes and supervisors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The job or query is wrong (an option, the SQL, a schema that does
+    /// not fit, a checkpoint made for another query): running it again
+    /// fails the same way; fix the job.
+    User,
+    /// The environment or the input failed (a store, a broker, a malformed
+    /// record, the checkpoint held by another process): the checkpoint is
+    /// consistent and a restart after the cause is fixed (or gone) resumes.
+    External,
+    /// A bug in lakestream or a library under it: the checkpoint is
+    /// consistent; please report it.
+    Internal,
 }
 
 /// The result type of this crate.

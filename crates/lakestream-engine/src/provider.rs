@@ -1,10 +1,15 @@
 //! The streaming table as DataFusion sees it: a `TableProvider` whose scan
 //! reads the current micro-batch's range of one source.
 //!
-//! The query's logical plan is built once; before each batch the driver sets
-//! the range on every [`MicroBatchTable`], and physical planning calls
-//! `scan`, which asks the source for fresh streams of exactly that range.
+//! The query's logical plan is built once. Each batch's physical plan is
+//! created from a session whose config carries a [`BatchScans`] extension:
+//! the range of every source in this batch, and the counters its scans
+//! fill. The table itself holds no per-batch state, so two plans (a batch
+//! and the next one planned early) can never see each other's ranges.
+//! A source error travels through DataFusion as a [`SourceFailure`] and the
+//! driver finds it, typed, with [`source_failure`].
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,12 +35,54 @@ pub(crate) struct BatchRange {
     pub(crate) end: Option<Offset>,
 }
 
-/// Shared between a table's streams and the driver: the first source error
-/// (kept typed, since DataFusion would flatten it to text) and a row counter.
+/// One batch's scans, by source name: what each reads and how many rows
+/// it read. Set as a `SessionConfig` extension of the batch's session.
 #[derive(Debug, Default)]
-pub(crate) struct ScanStats {
-    pub(crate) error: Mutex<Option<lakestream_source::Error>>,
-    pub(crate) rows: AtomicU64,
+pub(crate) struct BatchScans {
+    ranges: HashMap<String, BatchRange>,
+    rows: HashMap<String, Arc<AtomicU64>>,
+}
+
+impl BatchScans {
+    /// Scans reading `range` from the source named `name` (a source
+    /// without a range reads nothing).
+    pub(crate) fn insert(&mut self, name: &str, range: BatchRange) {
+        self.ranges.insert(name.to_string(), range);
+        self.rows.insert(name.to_string(), Arc::default());
+    }
+
+    /// Rows the scans of source `name` have read so far.
+    pub(crate) fn rows(&self, name: &str) -> u64 {
+        self.rows.get(name).map_or(0, |r| r.load(Ordering::Relaxed))
+    }
+}
+
+/// A source's error on its way through DataFusion (as
+/// `DataFusionError::External`). Shared: an operator that fans an error out
+/// to several outputs hands each a copy, and any copy leads back to it.
+#[derive(Debug, Clone)]
+pub(crate) struct SourceFailure(pub(crate) Arc<lakestream_source::Error>);
+
+impl fmt::Display for SourceFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SourceFailure {}
+
+/// The source error that caused `e`, if a source's read did.
+pub(crate) fn source_failure(
+    e: &(dyn std::error::Error + 'static),
+) -> Option<Arc<lakestream_source::Error>> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(f) = e.downcast_ref::<SourceFailure>() {
+            return Some(f.0.clone());
+        }
+        next = e.source();
+    }
+    None
 }
 
 /// A source registered as a DataFusion table.
@@ -43,8 +90,6 @@ pub(crate) struct MicroBatchTable {
     source: Arc<dyn Source>,
     schema: SchemaRef,
     partitions: usize,
-    range: Mutex<Option<BatchRange>>,
-    stats: Arc<ScanStats>,
 }
 
 impl fmt::Debug for MicroBatchTable {
@@ -61,23 +106,11 @@ impl MicroBatchTable {
             schema: source.schema(),
             source,
             partitions: partitions.max(1),
-            range: Mutex::new(None),
-            stats: Arc::new(ScanStats::default()),
         }
     }
 
     pub(crate) fn source(&self) -> &Arc<dyn Source> {
         &self.source
-    }
-
-    pub(crate) fn set_range(&self, range: Option<BatchRange>) {
-        *self.range.lock().expect("range lock") = range;
-        *self.stats.error.lock().expect("stats lock") = None;
-        self.stats.rows.store(0, Ordering::Relaxed);
-    }
-
-    pub(crate) fn stats(&self) -> &Arc<ScanStats> {
-        &self.stats
     }
 }
 
@@ -93,20 +126,29 @@ impl TableProvider for MicroBatchTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let range = self.range.lock().expect("range lock").clone();
-        let streams: Vec<BatchStream> = match range {
+        let name = self.source.name();
+        let scans = state
+            .config()
+            .get_extension::<BatchScans>()
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "the streaming table {name} was planned outside a micro-batch"
+                ))
+            })?;
+        let rows = scans.rows.get(name).cloned().unwrap_or_default();
+        let streams: Vec<BatchStream> = match scans.ranges.get(name) {
             Some(BatchRange {
                 start,
                 end: Some(end),
             }) => self
                 .source
-                .read(start.as_ref(), &end, self.partitions)
-                .map_err(|e| DataFusionError::External(Box::new(e)))?,
+                .read(start.as_ref(), end, self.partitions)
+                .map_err(|e| DataFusionError::External(Box::new(SourceFailure(Arc::new(e)))))?,
             _ => Vec::new(),
         };
         let mut partitions: Vec<Arc<dyn PartitionStream>> = streams
@@ -115,7 +157,7 @@ impl TableProvider for MicroBatchTable {
                 Arc::new(OneShot {
                     schema: self.schema.clone(),
                     stream: Mutex::new(Some(s)),
-                    stats: self.stats.clone(),
+                    rows: rows.clone(),
                 }) as Arc<dyn PartitionStream>
             })
             .collect();
@@ -123,7 +165,7 @@ impl TableProvider for MicroBatchTable {
             partitions.push(Arc::new(OneShot {
                 schema: self.schema.clone(),
                 stream: Mutex::new(Some(futures::stream::empty().boxed())),
-                stats: self.stats.clone(),
+                rows,
             }));
         }
         Ok(Arc::new(StreamingTableExec::try_new(
@@ -141,7 +183,7 @@ impl TableProvider for MicroBatchTable {
 struct OneShot {
     schema: SchemaRef,
     stream: Mutex<Option<BatchStream>>,
-    stats: Arc<ScanStats>,
+    rows: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for OneShot {
@@ -157,19 +199,17 @@ impl PartitionStream for OneShot {
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         let stream = self.stream.lock().expect("partition lock").take();
-        let stats = self.stats.clone();
+        let rows = self.rows.clone();
         let stream = match stream {
             Some(s) => s
                 .map(move |r| match r {
                     Ok(b) => {
-                        stats.rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                        rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
                         Ok(b)
                     }
-                    Err(e) => {
-                        let msg = e.to_string();
-                        stats.error.lock().expect("stats lock").get_or_insert(e);
-                        Err(DataFusionError::Execution(msg))
-                    }
+                    Err(e) => Err(DataFusionError::External(Box::new(SourceFailure(
+                        Arc::new(e),
+                    )))),
                 })
                 .boxed(),
             None => futures::stream::once(async {

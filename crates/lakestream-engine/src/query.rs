@@ -21,8 +21,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::progress::{BatchProgress, Durations, SourceProgress};
-use crate::provider::{BatchRange, MicroBatchTable};
+use crate::provider::{BatchRange, BatchScans, MicroBatchTable, source_failure};
 use crate::{Error, FailPoint, Result, Trigger};
+use datafusion::error::DataFusionError;
 
 /// The query text or plan, as given to the builder.
 enum QuerySpec {
@@ -126,7 +127,7 @@ impl QueryBuilder {
         let table = Arc::new(MicroBatchTable::new(source.clone(), partitions));
         self.ctx
             .register_table(source.name(), table.clone())
-            .map_err(|e| Error::Query(e.strip_backtrace()))?;
+            .map_err(|e| Error::Plan(Box::new(e)))?;
         self.tables.push(table);
         Ok(self)
     }
@@ -135,7 +136,7 @@ impl QueryBuilder {
     pub fn static_table(self, name: &str, table: Arc<dyn TableProvider>) -> Result<Self> {
         self.ctx
             .register_table(name, table)
-            .map_err(|e| Error::Query(e.strip_backtrace()))?;
+            .map_err(|e| Error::Plan(Box::new(e)))?;
         Ok(self)
     }
 
@@ -251,25 +252,31 @@ impl QueryBuilder {
     async fn prepare(self) -> Result<Driver> {
         let sink = self
             .sink
-            .ok_or_else(|| Error::Query("the query has no sink".into()))?;
+            .ok_or_else(|| Error::InvalidQuery("the query has no sink".into()))?;
         let checkpoint = self
             .checkpoint
-            .ok_or_else(|| Error::Query("the query has no checkpoint location".into()))?;
+            .ok_or_else(|| Error::InvalidQuery("the query has no checkpoint location".into()))?;
         if self.tables.is_empty() {
-            return Err(Error::Query("the query has no streaming source".into()));
+            return Err(Error::InvalidQuery(
+                "the query has no streaming source".into(),
+            ));
         }
         let plan = match self.query {
-            None => return Err(Error::Query("the query has no SQL or DataFrame".into())),
+            None => {
+                return Err(Error::InvalidQuery(
+                    "the query has no SQL or DataFrame".into(),
+                ));
+            }
             Some(QuerySpec::Plan(p)) => p,
             Some(QuerySpec::Sql(sql)) => {
                 let state = self.ctx.state();
                 let stmt = state
                     .sql_to_statement(&sql, &datafusion::config::Dialect::Generic)
-                    .map_err(|e| Error::Query(e.strip_backtrace()))?;
+                    .map_err(|e| Error::Plan(Box::new(e)))?;
                 state
                     .statement_to_plan(stmt)
                     .await
-                    .map_err(|e| Error::Query(e.strip_backtrace()))?
+                    .map_err(|e| Error::Plan(Box::new(e)))?
             }
         };
         let plan = if self.output_columns.is_empty() {
@@ -286,7 +293,7 @@ impl QueryBuilder {
         if let Some(job) = &self.job {
             lakestream_plan::check_streaming_plan(job, &plan, &is_stream)?;
         } else if let Some(problem) = lakestream_plan::streaming_plan_problem(&plan, &is_stream) {
-            return Err(Error::Query(problem));
+            return Err(Error::InvalidQuery(problem));
         }
         let output_schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
         let ckpt = Checkpoint::open(&checkpoint, &self.checkpoint_options).await?;
@@ -329,7 +336,7 @@ fn rename_output(plan: LogicalPlan, columns: &[String]) -> Result<LogicalPlan> {
     use datafusion::logical_expr::{LogicalPlanBuilder, col};
     let fields = plan.schema().columns();
     if fields.len() != columns.len() {
-        return Err(Error::Query(format!(
+        return Err(Error::InvalidQuery(format!(
             "the INSERT names {} columns but the query produces {}",
             columns.len(),
             fields.len()
@@ -343,7 +350,7 @@ fn rename_output(plan: LogicalPlan, columns: &[String]) -> Result<LogicalPlan> {
     LogicalPlanBuilder::from(plan)
         .project(exprs)
         .and_then(|b| b.build())
-        .map_err(|e| Error::Query(e.strip_backtrace()))
+        .map_err(|e| Error::Plan(Box::new(e)))
 }
 
 /// A running query.
@@ -808,27 +815,26 @@ impl Driver {
             return Ok(progress);
         }
 
+        let mut scans = BatchScans::default();
         for t in &self.tables {
-            let r = entry.sources.get(t.source().name());
-            t.set_range(r.map(|r| BatchRange {
-                start: r.start.clone(),
-                end: (!r.end.is_null()).then(|| r.end.clone()),
-            }));
-        }
-        let t_exec = Instant::now();
-        let staged = self.execute(batch_id, entry.batch_timestamp_ms).await;
-        for t in &self.tables {
-            if let Some(e) = t.stats().error.lock().expect("stats lock").take() {
-                return Err(Error::SourceInBatch {
-                    batch_id,
-                    source: Box::new(e),
-                });
+            if let Some(r) = entry.sources.get(t.source().name()) {
+                scans.insert(
+                    t.source().name(),
+                    BatchRange {
+                        start: r.start.clone(),
+                        end: (!r.end.is_null()).then(|| r.end.clone()),
+                    },
+                );
             }
         }
-        let staged = staged?;
+        let scans = Arc::new(scans);
+        let t_exec = Instant::now();
+        let staged = self
+            .execute(batch_id, entry.batch_timestamp_ms, scans.clone())
+            .await?;
         let mut skipped_input = BTreeMap::new();
         for t in &self.tables {
-            let rows = t.stats().rows.load(Ordering::Relaxed);
+            let rows = scans.rows(t.source().name());
             progress.input_rows += rows;
             let skipped = t.source().take_skipped();
             if let Some(p) = progress.sources.get_mut(t.source().name()) {
@@ -838,7 +844,6 @@ impl Driver {
             if !skipped.is_empty() {
                 skipped_input.insert(t.source().name().to_string(), skipped);
             }
-            t.set_range(None);
         }
         let exec_time = t_exec.elapsed();
         self.fail(FailPoint::AfterFiles, batch_id)?;
@@ -921,12 +926,15 @@ impl Driver {
         Ok(progress)
     }
 
-    async fn execute(&self, batch_id: u64, batch_ts_ms: i64) -> Result<lakestream_sink::Staged> {
-        let exec_err = |e: datafusion::error::DataFusionError| Error::Execution {
-            batch_id,
-            message: e.strip_backtrace(),
-        };
+    async fn execute(
+        &self,
+        batch_id: u64,
+        batch_ts_ms: i64,
+        scans: Arc<BatchScans>,
+    ) -> Result<lakestream_sink::Staged> {
+        let exec_err = move |e| batch_error(batch_id, e);
         let mut state = self.ctx.state();
+        state.config_mut().set_extension(scans);
         // `now()` and friends see the batch's logged timestamp, so a replay
         // computes what the first attempt computed.
         state.execution_props_mut().query_execution_start_time =
@@ -944,10 +952,6 @@ impl Driver {
         for mut stream in streams {
             let sink = self.sink.clone();
             tasks.spawn(async move {
-                let exec_err = move |e: datafusion::error::DataFusionError| Error::Execution {
-                    batch_id,
-                    message: e.strip_backtrace(),
-                };
                 let mut writer = sink.begin(batch_id).await?;
                 while let Some(batch) = stream.next().await {
                     writer.write(batch.map_err(exec_err)?).await?;
@@ -957,9 +961,11 @@ impl Driver {
         }
         let mut staged: Option<lakestream_sink::Staged> = None;
         while let Some(done) = tasks.join_next().await {
-            let part = done.map_err(|e| Error::Execution {
-                batch_id,
-                message: format!("a writer task failed: {e}"),
+            let part = done.map_err(|e| {
+                Error::Internal(format!(
+                    "batch {batch_id}: a writer task failed: {e}; the batch is not committed \
+                     and a restart re-runs it; please report this"
+                ))
             })??;
             staged = Some(match staged {
                 Some(s) => s.merge(part),
@@ -970,6 +976,19 @@ impl Driver {
             Some(s) => Ok(s),
             None => Ok(self.sink.begin(batch_id).await?.finish().await?),
         }
+    }
+}
+
+/// DataFusion's error while running batch `batch_id`, typed: the source's
+/// own error when a source read failed (through any number of operators),
+/// DataFusion's otherwise.
+fn batch_error(batch_id: u64, e: DataFusionError) -> Error {
+    match source_failure(&e) {
+        Some(source) => Error::SourceInBatch { batch_id, source },
+        None => Error::Execution {
+            batch_id,
+            source: Box::new(e),
+        },
     }
 }
 

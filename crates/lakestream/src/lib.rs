@@ -46,9 +46,9 @@
 
 pub use lakestream_engine::{
     BatchProgress, DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error,
-    FailPoint, MAX_DURATION, PROGRESS_EVENTS_BUFFER, QueryBuilder, QueryHandle, QuerySummary,
-    Result, SourceProgress, StopHandle, Trigger, checkpoint, connectors, job, parse_duration,
-    parse_size, plan, sink, source, storage,
+    ErrorKind, FailPoint, MAX_DURATION, PROGRESS_EVENTS_BUFFER, QueryBuilder, QueryHandle,
+    QuerySummary, Result, SourceProgress, StopHandle, Trigger, checkpoint, connectors, job,
+    parse_duration, parse_size, plan, sink, source, storage,
 };
 
 /// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own

@@ -158,13 +158,18 @@ async fn inferred_schema(
         "schema",
     )
     .await?;
-    if let Some(v) = stored {
-        return schema_from_json(&v).ok_or_else(|| {
-            Error::Query(format!(
-                "the schema of {} stored in the checkpoint is not readable",
+    let corrupt = || {
+        Error::from(lakestream_checkpoint::Error::Corrupt {
+            file: format!(
+                "{}/sources/{}/schema",
+                options.checkpoint.trim_end_matches('/'),
                 t.name
-            ))
-        });
+            ),
+            reason: format!("not a schema lakestream wrote for the table {}", t.name),
+        })
+    };
+    if let Some(v) = stored {
+        return schema_from_json(&v).ok_or_else(corrupt);
     }
     let Some(schema) = FileSource::infer_schema(&t.name, &t.location, store_opts, fo).await? else {
         return Err(ctx.error(format!(
@@ -181,8 +186,7 @@ async fn inferred_schema(
         schema_to_json(&schema),
     )
     .await?;
-    schema_from_json(&v)
-        .ok_or_else(|| Error::Query(format!("the inferred schema of {} is invalid", t.name)))
+    schema_from_json(&v).ok_or_else(corrupt)
 }
 
 fn schema_to_json(schema: &Schema) -> serde_json::Value {

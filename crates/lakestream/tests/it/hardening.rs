@@ -415,5 +415,89 @@ async fn a_panicking_query_is_an_internal_error_not_an_invalid_job() {
     .unwrap_err();
     assert!(matches!(err, Error::Internal(_)), "{err}");
     assert!(!err.is_user_error(), "{err}");
+    assert_eq!(err.kind(), lakestream::ErrorKind::Internal);
     assert!(err.to_string().contains("panicked"), "{err}");
+}
+
+#[tokio::test]
+async fn a_malformed_record_fails_its_batch_with_the_sources_own_error_through_any_plan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    write_files(&input, 0, 1);
+    std::fs::write(input.join("part-0001.json"), "{\"id\": 1}\n{\"id\": \"x\n").unwrap();
+    let mut opts = FileSourceOptions::new(FileFormat::Json);
+    opts.max_files_per_trigger = Some(10);
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+    let source = FileSource::try_new(
+        "events",
+        input.to_str().unwrap(),
+        &Default::default(),
+        schema,
+        opts,
+    )
+    .unwrap();
+    // A hash join repartitions the stream: the source's error reaches the
+    // driver through shared copies, and is still the source's own error.
+    let names = datafusion::datasource::MemTable::try_new(
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)])),
+        vec![vec![
+            arrow::array::RecordBatch::try_new(
+                Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)])),
+                vec![Arc::new(arrow::array::Int64Array::from(vec![1, 2, 3]))],
+            )
+            .unwrap(),
+        ]],
+    )
+    .unwrap();
+    let err = crate::common::available_now(
+        source,
+        "SELECT e.id FROM events e JOIN names n ON e.id = n.id",
+        dir.join("table").to_str().unwrap(),
+        dir.join("ckpt").to_str().unwrap(),
+    )
+    .static_table("names", Arc::new(names))
+    .unwrap()
+    .run()
+    .await
+    .unwrap_err();
+    let Error::SourceInBatch { batch_id, source } = &err else {
+        panic!("not the source's error: {err:?}");
+    };
+    assert_eq!(*batch_id, 0);
+    let lakestream::source::Error::Malformed { file, line, .. } = source.as_ref() else {
+        panic!("not a malformed-input error: {source:?}");
+    };
+    assert!(file.ends_with("part-0001.json"), "{file}");
+    assert_eq!(*line, Some(2));
+    assert_eq!(err.kind(), lakestream::ErrorKind::External);
+    // Nothing of the batch reached the table.
+    assert!(
+        !dir.join("table/_delta_log/00000000000000000001.json")
+            .exists()
+    );
+}
+
+#[tokio::test]
+async fn errors_say_whose_move_it_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let plan_err = query(dir, file_source(dir, "events"))
+        .sql("SELECT no_such_column FROM events")
+        .run()
+        .await
+        .unwrap_err();
+    assert!(matches!(plan_err, Error::Plan(_)), "{plan_err:?}");
+    assert_eq!(plan_err.kind(), lakestream::ErrorKind::User);
+    assert!(
+        plan_err.to_string().contains("no_such_column"),
+        "{plan_err}"
+    );
+    let shape_err = query(dir, file_source(dir, "events"))
+        .sql("SELECT id FROM events ORDER BY id")
+        .run()
+        .await
+        .unwrap_err();
+    assert!(matches!(shape_err, Error::InvalidQuery(_)), "{shape_err:?}");
+    assert_eq!(shape_err.kind(), lakestream::ErrorKind::User);
 }
