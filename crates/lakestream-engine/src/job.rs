@@ -1,4 +1,5 @@
-//! Loading a SQL job file into a [`QueryBuilder`].
+//! Loading a SQL job file into a [`QueryBuilder`]; the job file's types
+//! and checks from `lakestream-job` are re-exported here.
 //!
 //! Tables declared `UNBOUNDED` become sources and the `INSERT` target the
 //! sink, each through the connector registry ([`crate::connectors`]); other
@@ -11,7 +12,10 @@ use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
-use lakestream_plan::{Job, TableDecl};
+pub use lakestream_job::{
+    Error as JobError, InsertDecl, Job, Pos, TableDecl, check_streaming_plan, parse_job, pos_of,
+    streaming_plan_problem,
+};
 use lakestream_sink::delta::delta_schema;
 use lakestream_storage::normalize_option_key;
 
@@ -66,7 +70,7 @@ impl std::fmt::Debug for JobOptions {
 
 /// Parse the job in `text` (named `file` in errors) and build its query.
 pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<QueryBuilder> {
-    let job = lakestream_plan::parse_job(file, text).await?;
+    let job = parse_job(file, text).await?;
     // `SET aws.endpoint = '...'` (and google.*, azure.*) are storage options
     // of every location in the job; options given to the run win.
     let (storage, settings) = job_storage_options(&job, &options.storage_options);
@@ -96,13 +100,19 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
     // before any source touches the checkpoint (an inferred schema is
     // stored there).
     let target = job.table(&job.insert.target).expect("checked by parse_job");
-    let sink = options.connectors.sink(&job, target, options).await?;
+    let sink = options
+        .connectors
+        .sink(&job, target, &options.checkpoint, &options.storage_options)
+        .await?;
     for t in &job.tables {
         if std::ptr::eq(t, target) {
             continue;
         }
         if t.unbounded {
-            let source = options.connectors.source(&job, t, options).await?;
+            let source = options
+                .connectors
+                .source(&job, t, &options.checkpoint, &options.storage_options)
+                .await?;
             builder = builder.source(source)?;
         } else {
             builder = register_static(&job, t, builder, &options.storage_options).await?;
@@ -113,12 +123,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
         .state()
         .statement_to_plan(job.insert.query.clone())
         .await
-        .map_err(|e| {
-            job.error(
-                lakestream_plan::pos_of(&e).unwrap_or(job.insert.pos),
-                e.strip_backtrace(),
-            )
-        })?;
+        .map_err(|e| job.error(pos_of(&e).unwrap_or(job.insert.pos), e.strip_backtrace()))?;
     if let Some(declared) = &target.schema {
         let out: Schema = plan.schema().as_arrow().clone();
         let out = if job.insert.columns.is_empty() {
@@ -284,7 +289,7 @@ mod tests {
 
     #[tokio::test]
     async fn run_options_override_set_statements_whatever_the_spelling() {
-        let job = lakestream_plan::parse_job(
+        let job = parse_job(
             "job.sql",
             "SET aws.endpoint = 'http://a';\nSET aws.region = 'r1';\n\
              CREATE UNBOUNDED EXTERNAL TABLE e (x INT) STORED AS JSON LOCATION 'in/';\n\

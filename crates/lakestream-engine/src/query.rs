@@ -78,7 +78,7 @@ pub struct QueryBuilder {
     snapshot_interval: u64,
     min_batches_to_retain: u64,
     fail_point: Option<(FailPoint, u64)>,
-    job: Option<lakestream_plan::Job>,
+    job: Option<lakestream_job::Job>,
 }
 
 impl Default for QueryBuilder {
@@ -221,7 +221,7 @@ impl QueryBuilder {
         self
     }
 
-    pub(crate) fn with_job(mut self, job: lakestream_plan::Job) -> Self {
+    pub(crate) fn with_job(mut self, job: lakestream_job::Job) -> Self {
         self.job = Some(job);
         self
     }
@@ -291,8 +291,8 @@ impl QueryBuilder {
             .collect();
         let is_stream = |n: &str| names.iter().any(|s| s.eq_ignore_ascii_case(n));
         if let Some(job) = &self.job {
-            lakestream_plan::check_streaming_plan(job, &plan, &is_stream)?;
-        } else if let Some(problem) = lakestream_plan::streaming_plan_problem(&plan, &is_stream) {
+            lakestream_job::check_streaming_plan(job, &plan, &is_stream)?;
+        } else if let Some(problem) = lakestream_job::streaming_plan_problem(&plan, &is_stream) {
             return Err(Error::InvalidQuery(problem));
         }
         let output_schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());

@@ -38,9 +38,9 @@
 //! - [`storage`]: locations, object stores, durable local writes.
 //! - [`checkpoint`]: the offsets/commits log and its fence.
 //! - [`source`]: the `Source` trait, files and generator sources.
-//! - [`plan`]: SQL job files and the streaming-shape checks.
-//! - [`sink`]: the `Sink` trait and the Delta sink.
-//! - [`job`]: running a SQL job file.
+//! - [`sink`]: the `Sink` trait, the Delta and memory sinks.
+//! - [`job`]: SQL job files: parsing with positions, the streaming-shape
+//!   check, loading and running a job.
 //! - [`connectors`]: the registry of `STORED AS` names a job file can use;
 //!   register your own sources and sinks there.
 
@@ -48,7 +48,7 @@ pub use lakestream_engine::{
     BatchProgress, DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error,
     ErrorKind, FailPoint, MAX_DURATION, PROGRESS_EVENTS_BUFFER, QueryBuilder, QueryHandle,
     QuerySummary, Result, SourceProgress, StopHandle, Trigger, checkpoint, connectors, job,
-    parse_duration, parse_size, plan, sink, source, storage,
+    parse_duration, parse_size, sink, source, storage,
 };
 
 /// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use arrow::array::AsArray;
-use lakestream::connectors::{Connectors, SinkConnector, TableContext};
+use lakestream::Trigger;
+use lakestream::connectors::{Connectors, Result, SinkConnector, TableContext};
 use lakestream::job::{JobOptions, load_job};
 use lakestream::sink::Sink;
 use lakestream::sink::memory::MemorySink;
-use lakestream::{Result, Trigger};
 
 /// `STORED AS MEMORY`: every job writes into one shared memory sink.
 struct MemoryConnector(MemorySink);

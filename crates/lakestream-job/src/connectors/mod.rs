@@ -16,8 +16,8 @@
 //! `PARQUET` (files, [`files`]), `KAFKA` ([`kafka`]), `GENERATOR`
 //! ([`generator`]) as sources; `DELTA` ([`delta`]) as the sink. An
 //! embedding program adds its own with [`Connectors::register_source`] /
-//! [`Connectors::register_sink`] and runs jobs with them through
-//! [`JobOptions::connectors`](crate::job::JobOptions::connectors).
+//! [`Connectors::register_sink`] and runs jobs with them through the
+//! engine's `JobOptions::connectors`.
 //! Static tables (not `UNBOUNDED`, not the target) are DataFusion's:
 //! any format it reads, or `DELTA`.
 
@@ -30,14 +30,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::parse_size;
+/// What connector factories return: the job crate's result, whose error
+/// is a job error positioned at the declaration ([`TableContext::error`])
+/// or a source's, sink's, checkpoint's or store's own error.
+pub use crate::{Error, Result};
+
 use async_trait::async_trait;
-use lakestream_plan::{Job, TableDecl};
 use lakestream_sink::Sink;
 use lakestream_source::Source;
 use lakestream_storage::normalize_option_key;
 
-use crate::job::JobOptions;
-use crate::{Error, Result};
+use crate::{Job, TableDecl};
 
 /// A factory of stream sources for one `STORED AS` name.
 #[async_trait]
@@ -122,17 +126,20 @@ impl Connectors {
         self.sinks.insert(name.to_ascii_uppercase(), connector);
     }
 
-    /// The source of the `UNBOUNDED` table `t`.
-    pub(crate) async fn source(
+    /// The source of the `UNBOUNDED` table `t` of `job`, for a run
+    /// checkpointed at `checkpoint` with the job's `storage_options`.
+    pub async fn source(
         &self,
         job: &Job,
         t: &TableDecl,
-        options: &JobOptions,
+        checkpoint: &str,
+        storage_options: &HashMap<String, String>,
     ) -> Result<Arc<dyn Source>> {
         let ctx = TableContext {
             job,
             table: t,
-            options,
+            checkpoint,
+            storage_options,
         };
         let Some(c) = self.sources.get(&t.format) else {
             return Err(ctx.error(format!(
@@ -146,17 +153,20 @@ impl Connectors {
         c.create(&ctx).await
     }
 
-    /// The sink of the `INSERT` target `t`.
-    pub(crate) async fn sink(
+    /// The sink of the `INSERT` target `t` of `job` (see
+    /// [`Connectors::source`]).
+    pub async fn sink(
         &self,
         job: &Job,
         t: &TableDecl,
-        options: &JobOptions,
+        checkpoint: &str,
+        storage_options: &HashMap<String, String>,
     ) -> Result<Arc<dyn Sink>> {
         let ctx = TableContext {
             job,
             table: t,
-            options,
+            checkpoint,
+            storage_options,
         };
         let Some(c) = self.sinks.get(&t.format) else {
             return Err(ctx.error(format!(
@@ -188,7 +198,8 @@ fn one_of<'a>(names: impl Iterator<Item = &'a String>) -> String {
 pub struct TableContext<'a> {
     job: &'a Job,
     table: &'a TableDecl,
-    options: &'a JobOptions,
+    checkpoint: &'a str,
+    storage_options: &'a HashMap<String, String>,
 }
 
 impl<'a> TableContext<'a> {
@@ -202,21 +213,28 @@ impl<'a> TableContext<'a> {
         self.job
     }
 
-    /// How the job runs: checkpoint, trigger, the job's storage options.
-    pub fn job_options(&self) -> &'a JobOptions {
-        self.options
+    /// The run's checkpoint location (a connector may keep state there,
+    /// as the files connector keeps an inferred schema).
+    pub fn checkpoint(&self) -> &'a str {
+        self.checkpoint
+    }
+
+    /// The job's storage options (its `SET aws.* = ...` statements and the
+    /// run's options), before the table's own.
+    pub fn storage_options(&self) -> &'a HashMap<String, String> {
+        self.storage_options
     }
 
     /// An error about the declaration, positioned at it (exit code 2).
     pub fn error(&self, message: impl Into<String>) -> Error {
-        self.job.error(self.table.pos, message).into()
+        self.job.error(self.table.pos, message)
     }
 
     /// The table's storage options: the job's, then the table's own.
     /// Keys are normalized first, so two spellings of one key cannot both
     /// be present and race.
     pub fn store_options(&self) -> HashMap<String, String> {
-        table_store_options(self.table, &self.options.storage_options)
+        table_store_options(self.table, self.storage_options)
     }
 
     /// The raw value of option `key`.
@@ -327,8 +345,8 @@ impl<'a> TableContext<'a> {
 }
 
 /// The storage options of table `t`: `base` (the job's), then the
-/// table's own, keys normalized.
-pub(crate) fn table_store_options(
+/// table's own, keys normalized (static tables use it too).
+pub fn table_store_options(
     t: &TableDecl,
     base: &HashMap<String, String>,
 ) -> HashMap<String, String> {
@@ -339,23 +357,6 @@ pub(crate) fn table_store_options(
         }
     }
     o
-}
-
-/// A size or count: `1000`, `64MB`, `1GiB`, `128k` (units of 1024);
-/// `None` when it is not one or does not fit in a `u64`.
-pub fn parse_size(v: &str) -> Option<u64> {
-    let v = v.trim();
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (n, unit) = v.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => return None,
-    };
-    n.checked_mul(mult)
 }
 
 /// Whether a table option key is a storage option (`aws.*`, `google.*`,
@@ -369,14 +370,6 @@ pub(crate) fn is_storage_key(key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_units() {
-        assert_eq!(parse_size("1000"), Some(1000));
-        assert_eq!(parse_size("64MB"), Some(64 << 20));
-        assert_eq!(parse_size("2 GiB"), Some(2 << 30));
-        assert_eq!(parse_size("x"), None);
-    }
 
     #[test]
     fn connector_lists_read_as_prose() {

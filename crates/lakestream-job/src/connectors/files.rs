@@ -150,10 +150,9 @@ async fn inferred_schema(
     store_opts: &HashMap<String, String>,
 ) -> Result<SchemaRef> {
     let t = ctx.table();
-    let options = ctx.job_options();
     let stored = lakestream_checkpoint::read_source_state(
-        &options.checkpoint,
-        &options.storage_options,
+        ctx.checkpoint(),
+        ctx.storage_options(),
         &t.name,
         "schema",
     )
@@ -162,7 +161,7 @@ async fn inferred_schema(
         Error::from(lakestream_checkpoint::Error::Corrupt {
             file: format!(
                 "{}/sources/{}/schema",
-                options.checkpoint.trim_end_matches('/'),
+                ctx.checkpoint().trim_end_matches('/'),
                 t.name
             ),
             reason: format!("not a schema lakestream wrote for the table {}", t.name),
@@ -179,8 +178,8 @@ async fn inferred_schema(
         )));
     };
     let v = lakestream_checkpoint::init_source_state(
-        &options.checkpoint,
-        &options.storage_options,
+        ctx.checkpoint(),
+        ctx.storage_options(),
         &t.name,
         "schema",
         schema_to_json(&schema),

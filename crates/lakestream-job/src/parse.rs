@@ -1,0 +1,276 @@
+//! Parsing a job file into a [`Job`], with the position of every
+//! statement.
+
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::{DFParser, Statement};
+use datafusion::sql::sqlparser::ast::{self, Spanned};
+
+use crate::{Error, InsertDecl, Job, Pos, Result, TableDecl};
+
+/// Known `OPTIONS` keys that are lakestream's, not DataFusion format options.
+const NAMESPACED_PREFIX: &str = "format.";
+
+/// Parse the text of a job file. `file` names it in errors.
+pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
+    let err = |pos: Pos, message: String| Error::Job {
+        file: file.to_string(),
+        pos,
+        message,
+    };
+    let statements = DFParser::parse_sql(text).map_err(|e| {
+        let msg = e.strip_backtrace();
+        err(pos_in_message(&msg).unwrap_or_default(), msg)
+    })?;
+    let starts = statement_starts(text);
+    let ctx = SessionContext::new();
+    let mut settings = Vec::new();
+    let mut tables = Vec::new();
+    let mut insert = None;
+    for (i, stmt) in statements.into_iter().enumerate() {
+        let pos = starts.get(i).copied().unwrap_or_default();
+        match &stmt {
+            Statement::CreateExternalTable(c) => {
+                let name = c
+                    .name
+                    .0
+                    .last()
+                    .map(|p| p.to_string().trim_matches('"').to_string())
+                    .unwrap_or_default();
+                let plan = ctx
+                    .state()
+                    .statement_to_plan(stmt.clone())
+                    .await
+                    .map_err(|e| err(pos_of(&e).unwrap_or(pos), e.strip_backtrace()))?;
+                let LogicalPlan::Ddl(DdlStatement::CreateExternalTable(cmd)) = plan else {
+                    return Err(err(pos, "expected CREATE EXTERNAL TABLE".into()));
+                };
+                let schema = (!c.columns.is_empty()).then(|| cmd.schema.inner().clone());
+                let options = cmd
+                    .options
+                    .iter()
+                    .map(|(k, v)| {
+                        let key = c
+                            .options
+                            .iter()
+                            .find(|(orig, _)| orig.eq_ignore_ascii_case(k))
+                            .map(|(orig, _)| orig.to_lowercase())
+                            .unwrap_or_else(|| {
+                                k.strip_prefix(NAMESPACED_PREFIX).unwrap_or(k).to_string()
+                            });
+                        (key, v.clone())
+                    })
+                    .collect();
+                if tables
+                    .iter()
+                    .any(|t: &TableDecl| t.name.eq_ignore_ascii_case(&name))
+                {
+                    return Err(err(pos, format!("table {name} is declared twice")));
+                }
+                tables.push(TableDecl {
+                    name,
+                    format: c.file_type.to_ascii_uppercase(),
+                    location: c.locations.first().cloned().unwrap_or_default(),
+                    schema,
+                    options,
+                    unbounded: c.unbounded,
+                    partition_cols: c.table_partition_cols.clone(),
+                    statement: stmt.clone(),
+                    pos,
+                });
+            }
+            Statement::Statement(s) => match s.as_ref() {
+                ast::Statement::Insert(ins) => {
+                    if insert.is_some() {
+                        return Err(err(
+                            pos,
+                            "a job has exactly one INSERT; split the job into several jobs \
+                             with their own checkpoints"
+                                .into(),
+                        ));
+                    }
+                    let ast::TableObject::TableName(target) = &ins.table else {
+                        return Err(err(pos, "INSERT INTO needs a table name".into()));
+                    };
+                    let Some(query) = &ins.source else {
+                        return Err(err(pos, "INSERT INTO needs a SELECT".into()));
+                    };
+                    insert = Some(InsertDecl {
+                        target: target
+                            .0
+                            .last()
+                            .map(|p| p.to_string().trim_matches('"').to_string())
+                            .unwrap_or_default(),
+                        columns: ins.columns.iter().map(|c| c.to_string()).collect(),
+                        query: Statement::Statement(Box::new(ast::Statement::Query(query.clone()))),
+                        pos: span_pos(&query.span()).unwrap_or(pos),
+                    });
+                }
+                ast::Statement::Set(_) => settings.push(stmt.clone()),
+                other => {
+                    return Err(err(
+                        pos,
+                        format!(
+                            "unsupported statement in a job: {}; a job holds CREATE EXTERNAL \
+                             TABLE, SET and one INSERT INTO ... SELECT",
+                            first_words(&other.to_string())
+                        ),
+                    ));
+                }
+            },
+            other => {
+                return Err(err(
+                    pos,
+                    format!(
+                        "unsupported statement in a job: {}",
+                        first_words(&other.to_string())
+                    ),
+                ));
+            }
+        }
+    }
+    let end = Pos {
+        line: text.lines().count().max(1) as u64,
+        column: 1,
+    };
+    let insert = insert.ok_or_else(|| {
+        err(
+            end,
+            "the job has no INSERT INTO <table> SELECT ...: add one naming the output table".into(),
+        )
+    })?;
+    let job = Job {
+        file: file.to_string(),
+        settings,
+        tables,
+        insert,
+    };
+    // Which formats can be the target is the connector registry's to say.
+    match job.table(&job.insert.target) {
+        Some(_) => {}
+        None => {
+            return Err(job.error(
+                job.insert.pos,
+                format!(
+                    "INSERT target {} is not declared: add CREATE EXTERNAL TABLE {} STORED AS \
+                     DELTA LOCATION '...'",
+                    job.insert.target, job.insert.target
+                ),
+            ));
+        }
+    }
+    if !job.tables.iter().any(|t| t.unbounded) {
+        return Err(job.error(
+            job.insert.pos,
+            "the job reads no stream: declare its input with CREATE UNBOUNDED EXTERNAL TABLE",
+        ));
+    }
+    Ok(job)
+}
+
+fn first_words(s: &str) -> String {
+    s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+fn span_pos(span: &datafusion::sql::sqlparser::tokenizer::Span) -> Option<Pos> {
+    (span.start.line > 0).then_some(Pos {
+        line: span.start.line,
+        column: span.start.column,
+    })
+}
+
+/// The position a DataFusion error points at: its diagnostic's span, or a
+/// "Line: L, Column: C" in the message (parser errors).
+pub fn pos_of(e: &DataFusionError) -> Option<Pos> {
+    if let Some(d) = e.diagnostic()
+        && let Some(span) = &d.span
+        && span.start.line > 0
+    {
+        return Some(Pos {
+            line: span.start.line,
+            column: span.start.column,
+        });
+    }
+    pos_in_message(&e.to_string())
+}
+
+fn pos_in_message(msg: &str) -> Option<Pos> {
+    let i = msg.find("Line: ")?;
+    let rest = &msg[i + 6..];
+    let line: u64 = rest
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()?;
+    let j = rest.find("Column: ")?;
+    let column: u64 = rest[j + 8..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()?;
+    Some(Pos { line, column })
+}
+
+/// Start positions of the non-empty statements in `text`, skipping
+/// whitespace and comments, honouring quotes.
+fn statement_starts(text: &str) -> Vec<Pos> {
+    let mut starts = Vec::new();
+    let (mut line, mut col) = (1u64, 1u64);
+    let mut pending = true; // looking for the start of a statement
+    let mut chars = text.chars().peekable();
+    let mut quote: Option<char> = None;
+    while let Some(c) = chars.next() {
+        let here = Pos { line, column: col };
+        let advance = |c: char, line: &mut u64, col: &mut u64| {
+            if c == '\n' {
+                *line += 1;
+                *col = 1;
+            } else {
+                *col += 1;
+            }
+        };
+        advance(c, &mut line, &mut col);
+        if let Some(q) = quote {
+            if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        if c == '-' && chars.peek() == Some(&'-') {
+            for c in chars.by_ref() {
+                advance(c, &mut line, &mut col);
+                if c == '\n' {
+                    break;
+                }
+            }
+            continue;
+        }
+        if c == '/' && chars.peek() == Some(&'*') {
+            let mut prev = ' ';
+            for c in chars.by_ref() {
+                advance(c, &mut line, &mut col);
+                if prev == '*' && c == '/' {
+                    break;
+                }
+                prev = c;
+            }
+            continue;
+        }
+        if c == ';' {
+            pending = true;
+            continue;
+        }
+        if c.is_whitespace() {
+            continue;
+        }
+        if pending {
+            starts.push(here);
+            pending = false;
+        }
+        if c == '\'' || c == '"' {
+            quote = Some(c);
+        }
+    }
+    starts
+}
