@@ -1,0 +1,181 @@
+//! The driver: one query's loop of micro-batches, exactly once.
+//!
+//! [`Driver::run`] recovers ([`recover`]), then plans, writes ahead, runs
+//! and commits one batch at a time ([`batch`]) as the trigger says
+//! ([`wait`]), keeping the checkpoint bounded ([`snapshots`]).
+
+mod batch;
+mod recover;
+mod snapshots;
+mod wait;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::SessionContext;
+use lakestream_checkpoint::{Checkpoint, OffsetsEntry, SourceRange, now_ms};
+use lakestream_sink::Sink;
+use tokio::sync::{mpsc, watch};
+
+use crate::progress::BatchProgress;
+use crate::provider::MicroBatchTable;
+use crate::query::QuerySummary;
+use crate::{Error, FailPoint, PROGRESS_EVENTS_BUFFER, Result, Trigger};
+use recover::Recovered;
+use wait::{next_trigger, retry_transient, wait};
+
+/// A prepared query: its tables, plan, sink and checkpoint.
+pub(crate) struct Driver {
+    pub(crate) ctx: SessionContext,
+    pub(crate) tables: Vec<Arc<MicroBatchTable>>,
+    pub(crate) plan: LogicalPlan,
+    pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) ckpt: Checkpoint,
+    pub(crate) trigger: Trigger,
+    pub(crate) poll: Duration,
+    pub(crate) snapshot_interval: u64,
+    pub(crate) min_batches_to_retain: u64,
+    pub(crate) fail_point: Option<(FailPoint, u64)>,
+}
+
+impl Driver {
+    fn fail(&self, point: FailPoint, batch_id: u64) -> Result<()> {
+        if self.fail_point == Some((point, batch_id)) {
+            return Err(Error::InjectedFault { point, batch_id });
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn run(
+        self,
+        mut stop: watch::Receiver<bool>,
+        latest: watch::Sender<Option<BatchProgress>>,
+        events: mpsc::Sender<BatchProgress>,
+    ) -> Result<QuerySummary> {
+        let mut summary = QuerySummary {
+            query_id: self.ckpt.query_id().to_string(),
+            ..Default::default()
+        };
+        let dropped_events = std::sync::atomic::AtomicU64::new(0);
+        let report = |p: BatchProgress, summary: &mut QuerySummary| {
+            summary.batches += 1;
+            summary.input_rows += p.input_rows;
+            summary.output_rows += p.output_rows;
+            summary.last_batch_id = Some(p.batch_id);
+            summary.table_version = p.table_version.or(summary.table_version);
+            // Bounded: a reader that falls behind (or none at all) loses
+            // events, never the query's memory.
+            if let Err(mpsc::error::TrySendError::Full(_)) = events.try_send(p.clone())
+                && dropped_events.fetch_add(1, Ordering::Relaxed) == 0
+            {
+                tracing::warn!(
+                    batch_id = p.batch_id,
+                    "the progress channel is full ({PROGRESS_EVENTS_BUFFER} events unread): newer events are dropped until it is read"
+                );
+            }
+            let _ = latest.send(Some(p));
+        };
+
+        let Recovered {
+            mut prev,
+            mut next_id,
+            pending,
+        } = self.recover().await?;
+        if let Some(entry) = pending {
+            let p = self
+                .run_batch(&entry, Duration::ZERO, Duration::ZERO, true)
+                .await?;
+            report(p, &mut summary);
+        }
+        self.resolve_starts(&mut prev, &mut stop).await?;
+        if matches!(self.trigger, Trigger::AvailableNow) {
+            for t in &self.tables {
+                let source = t.source();
+                retry_transient(source.as_ref(), "freeze available data", &mut stop, || {
+                    source.freeze()
+                })
+                .await?;
+            }
+        }
+
+        let mut next_start = Instant::now();
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let t_plan = Instant::now();
+            let mut sources = BTreeMap::new();
+            let mut any = false;
+            for t in &self.tables {
+                let name = t.source().name().to_string();
+                let start = prev.get(&name).cloned().flatten();
+                let source = t.source();
+                let end = retry_transient(source.as_ref(), "plan", &mut stop, || {
+                    source.plan(start.as_ref())
+                })
+                .await?
+                .flatten();
+                any |= end.is_some();
+                sources.insert(
+                    name,
+                    SourceRange {
+                        start,
+                        end: end.unwrap_or(serde_json::Value::Null),
+                    },
+                );
+            }
+            let plan_time = t_plan.elapsed();
+            if !any {
+                match self.trigger {
+                    Trigger::AvailableNow | Trigger::Once => break,
+                    Trigger::Continuous => {
+                        wait(&mut stop, self.poll).await;
+                        continue;
+                    }
+                    Trigger::Interval(d) => {
+                        let now = Instant::now();
+                        next_start = next_trigger(next_start, d, now);
+                        wait(&mut stop, next_start.saturating_duration_since(now)).await;
+                        continue;
+                    }
+                }
+            }
+            let entry = OffsetsEntry::new(next_id, now_ms(), sources);
+            let t_wa = Instant::now();
+            self.ckpt.write_offsets(&entry).await?;
+            let wa_time = t_wa.elapsed();
+            let p = self.run_batch(&entry, plan_time, wa_time, false).await?;
+            report(p, &mut summary);
+            if (next_id + 1).is_multiple_of(self.snapshot_interval) {
+                self.write_snapshots(next_id).await;
+            }
+            for (name, r) in entry.sources {
+                if !r.end.is_null() {
+                    prev.insert(name, Some(r.end));
+                }
+            }
+            next_id += 1;
+            match self.trigger {
+                Trigger::Once => break,
+                Trigger::Interval(d) => {
+                    let now = Instant::now();
+                    next_start = next_start.checked_add(d).unwrap_or(now);
+                    if next_start > now {
+                        wait(&mut stop, next_start - now).await;
+                    } else {
+                        next_start = now;
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.sink.flush().await;
+        if summary.table_version.is_none() {
+            summary.table_version = self.sink.version().await?;
+        }
+        Ok(summary)
+    }
+}
