@@ -1,0 +1,449 @@
+//! Reading a planned file: text (JSON lines, CSV; gzip or zstd on the
+//! way) decoded chunk by chunk as it downloads, Parquet row group by row
+//! group; errors located at the file and line; batches conformed to the
+//! declared schema.
+
+use super::*;
+
+pub(super) async fn get_all(
+    name: &str,
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
+) -> Result<Bytes> {
+    let store_err = |e| Error::Store {
+        source_name: name.to_string(),
+        file: path.to_string(),
+        source: e,
+    };
+    store
+        .get(path)
+        .await
+        .map_err(store_err)?
+        .bytes()
+        .await
+        .map_err(store_err)
+}
+
+/// A streaming decoder for line-oriented text formats.
+pub(super) enum TextDecoder {
+    Json(arrow::json::reader::Decoder),
+    Csv(Box<arrow::csv::reader::Decoder>),
+}
+
+impl TextDecoder {
+    pub(super) fn new(
+        format: &FileFormat,
+        schema: SchemaRef,
+        batch_size: usize,
+    ) -> Result<Self, String> {
+        Ok(match format {
+            FileFormat::Csv {
+                has_header,
+                delimiter,
+            } => Self::Csv(Box::new(
+                arrow::csv::ReaderBuilder::new(schema)
+                    .with_header(*has_header)
+                    .with_delimiter(*delimiter)
+                    .with_batch_size(batch_size)
+                    .build_decoder(),
+            )),
+            _ => Self::Json(
+                arrow::json::ReaderBuilder::new(schema)
+                    .with_batch_size(batch_size)
+                    .build_decoder()
+                    .map_err(|e| e.to_string())?,
+            ),
+        })
+    }
+
+    pub(super) fn decode(&mut self, buf: &[u8]) -> Result<usize, arrow::error::ArrowError> {
+        match self {
+            Self::Json(d) => d.decode(buf),
+            Self::Csv(d) => d.decode(buf),
+        }
+    }
+
+    pub(super) fn flush(&mut self) -> Result<Option<RecordBatch>, arrow::error::ArrowError> {
+        match self {
+            Self::Json(d) => d.flush(),
+            Self::Csv(d) => d.flush(),
+        }
+    }
+
+    pub(super) fn is_full(&self, batch_size: usize) -> bool {
+        match self {
+            Self::Json(d) => d.len() >= batch_size,
+            Self::Csv(d) => d.capacity() == 0,
+        }
+    }
+}
+
+pub(super) struct TextState {
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    entry: FileEntry,
+    schema: SchemaRef,
+    format: FileFormat,
+    compression: TextCompression,
+    decoder: TextDecoder,
+    chunks: BoxStream<'static, object_store::Result<Bytes>>,
+    buf: Bytes,
+    eof: bool,
+    finished: bool,
+    batch_size: usize,
+}
+
+pub(super) async fn text_stream(
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    entry: FileEntry,
+    schema: SchemaRef,
+    format: FileFormat,
+    batch_size: usize,
+    compression: TextCompression,
+) -> Result<BatchStream> {
+    let path = object_path(&entry.path);
+    let chunks = decompressed(ranged_chunks(store.clone(), path, entry.size), compression);
+    let decoder =
+        TextDecoder::new(&format, schema.clone(), batch_size).map_err(|reason| Error::Schema {
+            source_name: name.clone(),
+            file: entry.path.clone(),
+            reason,
+        })?;
+    let state = TextState {
+        name,
+        store,
+        entry,
+        schema,
+        format,
+        compression,
+        decoder,
+        chunks,
+        buf: Bytes::new(),
+        eof: false,
+        finished: false,
+        batch_size,
+    };
+    Ok(stream::try_unfold(state, next_text_batch).boxed())
+}
+
+pub(super) async fn next_text_batch(mut st: TextState) -> Result<Option<(RecordBatch, TextState)>> {
+    loop {
+        if st.finished {
+            return Ok(None);
+        }
+        if st.buf.is_empty() && !st.eof {
+            match st.chunks.next().await {
+                Some(Ok(b)) => st.buf = b,
+                Some(Err(e)) => {
+                    return Err(Error::Store {
+                        source_name: st.name.clone(),
+                        file: st.entry.path.clone(),
+                        source: e,
+                    });
+                }
+                None => st.eof = true,
+            }
+        }
+        if st.eof && st.buf.is_empty() {
+            // An empty buffer tells the CSV decoder the last line has ended.
+            let flushed = st.decoder.decode(&[]).and_then(|_| st.decoder.flush());
+            st.finished = true;
+            return match flushed {
+                Ok(Some(b)) if b.num_rows() > 0 => Ok(Some((b, st))),
+                Ok(_) => Ok(None),
+                Err(e) => Err(locate_text_error(ErrCtx::of(&st), e).await),
+            };
+        }
+        let consumed = match st.decoder.decode(&st.buf) {
+            Ok(n) => n,
+            Err(e) => return Err(locate_text_error(ErrCtx::of(&st), e).await),
+        };
+        st.buf.advance(consumed);
+        if st.decoder.is_full(st.batch_size) || (consumed == 0 && !st.buf.is_empty()) {
+            match st.decoder.flush() {
+                Ok(Some(b)) => return Ok(Some((b, st))),
+                Ok(None) => {}
+                Err(e) => return Err(locate_text_error(ErrCtx::of(&st), e).await),
+            }
+        }
+    }
+}
+
+/// Bytes read per request. Large reads keep per-request overhead (a blocking
+/// task on local disks, a round trip on object stores) negligible.
+pub(super) const READ_CHUNK: u64 = 4 << 20;
+
+/// The file as a stream of `READ_CHUNK` ranges, the next one fetched while
+/// the current one is decoded.
+pub(super) fn ranged_chunks(
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    size: u64,
+) -> BoxStream<'static, object_store::Result<Bytes>> {
+    let ranges: Vec<std::ops::Range<u64>> = (0..size)
+        .step_by(READ_CHUNK as usize)
+        .map(|a| a..(a + READ_CHUNK).min(size))
+        .collect();
+    stream::iter(ranges)
+        .map(move |r| {
+            let store = store.clone();
+            let path = path.clone();
+            async move { store.get_range(&path, r).await }
+        })
+        .buffered(2)
+        .boxed()
+}
+
+/// The decompressed bytes of a compressed chunk stream, in chunks of up to
+/// 1 MiB; other streams pass through.
+pub(super) fn decompressed(
+    chunks: BoxStream<'static, object_store::Result<Bytes>>,
+    compression: TextCompression,
+) -> BoxStream<'static, object_store::Result<Bytes>> {
+    use async_compression::tokio::bufread::{GzipDecoder, ZstdDecoder};
+    use tokio_util::io::{ReaderStream, StreamReader};
+    let err = |store: &'static str| {
+        move |e: std::io::Error| object_store::Error::Generic {
+            store,
+            source: Box::new(e),
+        }
+    };
+    match compression {
+        TextCompression::Gzip => {
+            let mut d = GzipDecoder::new(StreamReader::new(chunks.map_err(std::io::Error::other)));
+            d.multiple_members(true);
+            ReaderStream::with_capacity(d, 1 << 20)
+                .map_err(err("gzip decoder"))
+                .boxed()
+        }
+        TextCompression::Zstd => {
+            let mut d = ZstdDecoder::new(StreamReader::new(chunks.map_err(std::io::Error::other)));
+            d.multiple_members(true);
+            ReaderStream::with_capacity(d, 1 << 20)
+                .map_err(err("zstd decoder"))
+                .boxed()
+        }
+        TextCompression::Auto | TextCompression::None => chunks,
+    }
+}
+
+/// A whole (small) file decompressed in memory: schema inference and the
+/// error path only.
+pub(super) async fn decompress_all(
+    bytes: Bytes,
+    compression: TextCompression,
+) -> std::io::Result<Bytes> {
+    use async_compression::tokio::bufread::{GzipDecoder, ZstdDecoder};
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    match compression {
+        TextCompression::Gzip => {
+            let mut d = GzipDecoder::new(&bytes[..]);
+            d.multiple_members(true);
+            d.read_to_end(&mut out).await?;
+        }
+        TextCompression::Zstd => {
+            let mut d = ZstdDecoder::new(&bytes[..]);
+            d.multiple_members(true);
+            d.read_to_end(&mut out).await?;
+        }
+        TextCompression::Auto | TextCompression::None => return Ok(bytes),
+    }
+    Ok(Bytes::from(out))
+}
+
+/// `Ok(None)` when the store says the file does not exist.
+pub(super) fn present<T>(
+    name: &str,
+    entry: &FileEntry,
+    r: object_store::Result<T>,
+) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(Error::Store {
+            source_name: name.to_string(),
+            file: entry.path.clone(),
+            source: e,
+        }),
+    }
+}
+
+/// A file planned into a batch that is gone when the batch runs (retention
+/// deleted it while the query was down, or the user removed it). Without
+/// `skip` the batch fails naming the file: committing it would lose the
+/// file's rows silently. With `skip` the file is left out, loudly, and
+/// recorded for the commit.
+pub(super) fn vanished(
+    name: &str,
+    entry: &FileEntry,
+    skip: Option<&Arc<Mutex<Vec<Skipped>>>>,
+) -> Result<BatchStream> {
+    let Some(skipped) = skip else {
+        return Err(Error::MissingFile {
+            source_name: name.to_string(),
+            file: entry.path.clone(),
+        });
+    };
+    tracing::warn!(
+        source = name,
+        file = %entry.path,
+        "a file planned into this batch no longer exists; its rows are skipped (missing_files = skip)"
+    );
+    skipped.lock().expect("skipped files").push(Skipped {
+        what: entry.path.clone(),
+        reason: "planned but no longer exists (missing_files = skip)".into(),
+    });
+    Ok(stream::empty().boxed())
+}
+
+/// Turn a decode error into one naming the line: re-read the file (this is
+/// the error path only) and decode it line by line until one fails.
+pub(super) struct ErrCtx {
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    path: String,
+    schema: SchemaRef,
+    format: FileFormat,
+    compression: TextCompression,
+}
+
+impl ErrCtx {
+    pub(super) fn of(st: &TextState) -> Self {
+        Self {
+            name: st.name.clone(),
+            store: st.store.clone(),
+            path: st.entry.path.clone(),
+            schema: st.schema.clone(),
+            format: st.format.clone(),
+            compression: st.compression,
+        }
+    }
+}
+
+pub(super) async fn locate_text_error(st: ErrCtx, err: arrow::error::ArrowError) -> Error {
+    let mut line = None;
+    let mut reason = err.to_string();
+    if st.format == FileFormat::Json
+        && let Ok(bytes) = get_all(&st.name, &st.store, &object_path(&st.path)).await
+        && let Ok(bytes) = decompress_all(bytes, st.compression).await
+    {
+        for (i, text) in bytes.split(|b| *b == b'\n').enumerate() {
+            if text.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            }
+            let Ok(mut d) = TextDecoder::new(&st.format, st.schema.clone(), 16) else {
+                break;
+            };
+            if let Err(e) = d.decode(text).and_then(|_| d.flush()) {
+                line = Some(i as u64 + 1);
+                reason = e.to_string();
+                break;
+            }
+        }
+    } else if let Some(l) = csv_line_of(&reason) {
+        line = Some(l);
+    }
+    Error::Malformed {
+        source_name: st.name,
+        file: st.path,
+        line,
+        reason,
+    }
+}
+
+/// arrow-csv reports "... at line N" counting data rows from 1 after the
+/// header; keep that number as it names the line a user looks for.
+pub(super) fn csv_line_of(reason: &str) -> Option<u64> {
+    let idx = reason.rfind("line ")?;
+    reason[idx + 5..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[allow(deprecated)]
+pub(super) async fn parquet_stream(
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    entry: FileEntry,
+    schema: SchemaRef,
+    batch_size: usize,
+) -> Result<BatchStream> {
+    let path = object_path(&entry.path);
+    let malformed = |reason: String| Error::Malformed {
+        source_name: name.clone(),
+        file: entry.path.clone(),
+        line: None,
+        reason,
+    };
+    let reader = ParquetObjectReader::new(store, path).with_file_size(entry.size);
+    let builder = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(|e| malformed(e.to_string()))?;
+    let file_schema = builder.schema().clone();
+    let stream = builder
+        .with_batch_size(batch_size)
+        .build()
+        .map_err(|e| malformed(e.to_string()))?;
+    let file = entry.path.clone();
+    Ok(stream
+        .map(move |b| {
+            let b = b.map_err(|e| Error::Malformed {
+                source_name: name.clone(),
+                file: file.clone(),
+                line: None,
+                reason: e.to_string(),
+            })?;
+            conform(&b, &file_schema, &schema).map_err(|reason| Error::Schema {
+                source_name: name.clone(),
+                file: file.clone(),
+                reason,
+            })
+        })
+        .boxed())
+}
+
+/// Project and cast `batch` (with `from` schema) onto `to`, matching columns
+/// by name; a column missing from the file becomes nulls when nullable.
+pub(super) fn conform(
+    batch: &RecordBatch,
+    from: &Schema,
+    to: &SchemaRef,
+) -> Result<RecordBatch, String> {
+    if from.fields() == to.fields() {
+        return Ok(batch.clone());
+    }
+    let mut cols: Vec<ArrayRef> = Vec::with_capacity(to.fields().len());
+    for field in to.fields() {
+        match from.index_of(field.name()) {
+            Ok(i) => {
+                let col = batch.column(i);
+                if col.data_type() == field.data_type() {
+                    cols.push(col.clone());
+                } else {
+                    cols.push(arrow::compute::cast(col, field.data_type()).map_err(|e| {
+                        format!(
+                            "column {} is {} in the file, cannot be read as {}: {e}",
+                            field.name(),
+                            col.data_type(),
+                            field.data_type()
+                        )
+                    })?);
+                }
+            }
+            Err(_) if field.is_nullable() => {
+                cols.push(new_null_array(field.data_type(), batch.num_rows()))
+            }
+            Err(_) => {
+                return Err(format!(
+                    "column {} is declared NOT NULL but missing from the file",
+                    field.name()
+                ));
+            }
+        }
+    }
+    RecordBatch::try_new(to.clone(), cols).map_err(|e| e.to_string())
+}

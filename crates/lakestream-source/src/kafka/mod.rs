@@ -1,0 +1,937 @@
+//! The Kafka source: exactly-once reads of topic partitions by offset range.
+//!
+//! Offsets live in lakestream's checkpoint, never in consumer-group commits:
+//! a batch's end offset maps every partition to the next offset to read, so
+//! `(start, end]` is "from `start[p]` up to, not including, `end[p]`" for each
+//! partition `p`. Reads use `assign()` with explicit offsets and stop at the
+//! planned end, so a replay reads exactly the same records.
+//!
+//! Planning reads each partition's watermarks. With `isolation.level =
+//! read_committed` (the default) the high watermark librdkafka reports is the
+//! last stable offset, so a batch never waits on an open transaction; offsets
+//! of aborted records and transaction markers are gaps the reader steps over
+//! by watching the consumer position, not by counting records.
+//!
+//! Broker calls of librdkafka block, so planning runs on tokio's blocking
+//! pool; reading uses librdkafka's async `StreamConsumer`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::array::{
+    ArrayRef, BinaryBuilder, Int32Builder, Int64Builder, RecordBatch, StringBuilder,
+    TimestampMillisecondBuilder,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset as KOffset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    BatchStream, Error, Offset, Result, Skipped, Source, SourceIdentity, require_positive,
+};
+
+mod decode;
+mod plan;
+mod read;
+
+use decode::*;
+use plan::*;
+
+/// How record values are turned into columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueFormat {
+    /// One JSON object per record, decoded into the declared columns.
+    Json,
+    /// The value as bytes, in a `value` column.
+    Raw,
+    /// The value as UTF-8 text, in a `value` column.
+    String,
+}
+
+/// Where a partition starts when the query first sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartingOffsets {
+    /// The earliest available offset.
+    Earliest,
+    /// The high watermark at the first plan: only records produced later.
+    Latest,
+    /// Explicit offsets per topic and partition; `-2` earliest, `-1` latest.
+    /// Partitions not named start at the earliest offset.
+    Map(BTreeMap<String, BTreeMap<i32, i64>>),
+    /// The first offset at or after this timestamp (ms since the epoch).
+    Timestamp(i64),
+}
+
+/// Where a bounded source ends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EndingOffsets {
+    /// The high watermarks at the first plan.
+    Latest,
+    /// Explicit offsets (exclusive) per topic and partition; `-1` latest.
+    Map(BTreeMap<String, BTreeMap<i32, i64>>),
+}
+
+/// Which topics to read.
+#[derive(Debug, Clone)]
+pub enum Topics {
+    /// These topics.
+    List(Vec<String>),
+    /// Every topic whose name matches (re-evaluated at each trigger).
+    Pattern(regex::Regex),
+}
+
+/// Which records a read sees of topics written by transactional producers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IsolationLevel {
+    /// Only records of committed transactions; planning stops at the last
+    /// stable offset, so a batch never waits on an open transaction.
+    #[default]
+    ReadCommitted,
+    /// Every record, including those of open transactions that may still be
+    /// aborted: aborted records then reach the table, and a batch planned
+    /// before the abort holds them. For topics without transactional
+    /// producers only.
+    ReadUncommitted,
+}
+
+impl IsolationLevel {
+    /// The level for an option value (`read_committed`, `read_uncommitted`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "read_committed" => Some(Self::ReadCommitted),
+            "read_uncommitted" => Some(Self::ReadUncommitted),
+            _ => None,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadCommitted => "read_committed",
+            Self::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
+/// librdkafka settings the exactly-once reader owns: a value given by the
+/// user would let a read start elsewhere than planned (`auto.offset.reset`),
+/// commit offsets behind the checkpoint's back, or change which records a
+/// planned range holds. Refused by [`KafkaSource::try_new`]; the reason
+/// says what to use instead.
+pub const RESERVED_CLIENT_KEYS: &[(&str, &str)] = &[
+    (
+        "auto.offset.reset",
+        "a planned offset that is gone must fail or be handled by 'fail_on_data_loss', never \
+         silently jump",
+    ),
+    (
+        "isolation.level",
+        "use the table option 'isolation_level' ('read_committed' or 'read_uncommitted')",
+    ),
+    (
+        "enable.auto.commit",
+        "offsets live in the checkpoint; use 'commit_offsets_to_group' to report them to a \
+         consumer group for monitoring",
+    ),
+    (
+        "enable.auto.offset.store",
+        "offsets live in the checkpoint; use 'commit_offsets_to_group' to report them to a \
+         consumer group for monitoring",
+    ),
+    (
+        "group.id",
+        "the reader assigns partitions by explicit offsets and never uses a group; use \
+         'commit_offsets_to_group' to report offsets to a group for monitoring",
+    ),
+    (
+        "group.instance.id",
+        "the reader assigns partitions by explicit offsets and never joins a group",
+    ),
+    (
+        "enable.partition.eof",
+        "the reader decides where a range ends",
+    ),
+    (
+        "bootstrap.servers",
+        "give the brokers in the table's LOCATION (kafka://HOST:PORT/TOPIC)",
+    ),
+    (
+        "metadata.broker.list",
+        "give the brokers in the table's LOCATION (kafka://HOST:PORT/TOPIC)",
+    ),
+];
+
+/// Settings of a [`KafkaSource`].
+#[derive(Clone)]
+pub struct KafkaSourceOptions {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// Topics to read.
+    pub topics: Topics,
+    /// How values are decoded.
+    pub format: ValueFormat,
+    /// Where new partitions of the first batch start.
+    pub starting_offsets: StartingOffsets,
+    /// Makes the source bounded (backfills).
+    pub ending_offsets: Option<EndingOffsets>,
+    /// At most this many offsets per batch over all partitions, split in
+    /// proportion to each partition's backlog.
+    pub max_offsets_per_trigger: Option<u64>,
+    /// Fail when planned offsets are gone (default); `false` skips forward.
+    pub fail_on_data_loss: bool,
+    /// Which records of transactional producers are read.
+    pub isolation_level: IsolationLevel,
+    /// A planned range not read within this time fails the batch.
+    pub read_timeout: Duration,
+    /// Timeout of one metadata or watermark request.
+    pub request_timeout: Duration,
+    /// How long starting and planning retry an unreachable broker or a
+    /// missing topic before the query fails.
+    pub unavailable_timeout: Duration,
+    /// Commit each batch's end offsets to this consumer group, for lag
+    /// monitoring only (never read back).
+    pub commit_group: Option<String>,
+    /// Extra librdkafka settings (`security.protocol`, `sasl.*`, ...).
+    pub client_config: BTreeMap<String, String>,
+    /// Rows per record batch.
+    pub batch_size: usize,
+    /// Consumers a batch reads with, each taking a share of the partitions
+    /// (at most one per engine partition). One librdkafka consumer already
+    /// fetches from every broker at once and decoding is cheap, so the
+    /// default is 1: measured on a local broker, two consumers over four
+    /// partitions read 200,000 messages in 6.0 s against 3.4 s for one.
+    pub consumers: usize,
+}
+
+impl KafkaSourceOptions {
+    /// Defaults for reading `topics` from `bootstrap_servers` as JSON.
+    pub fn new(bootstrap_servers: &str, topics: Topics) -> Self {
+        Self {
+            bootstrap_servers: bootstrap_servers.to_string(),
+            topics,
+            format: ValueFormat::Json,
+            starting_offsets: StartingOffsets::Earliest,
+            ending_offsets: None,
+            max_offsets_per_trigger: None,
+            fail_on_data_loss: true,
+            isolation_level: IsolationLevel::ReadCommitted,
+            read_timeout: Duration::from_secs(120),
+            request_timeout: Duration::from_secs(10),
+            unavailable_timeout: crate::DEFAULT_UNAVAILABLE_TIMEOUT,
+            commit_group: None,
+            client_config: BTreeMap::new(),
+            batch_size: 8192,
+            consumers: 1,
+        }
+    }
+}
+
+/// Settings may hold secrets (`sasl.password`, `ssl.key.password`, ...):
+/// their values are never shown.
+impl std::fmt::Debug for KafkaSourceOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let config: BTreeMap<&str, &str> = self
+            .client_config
+            .iter()
+            .map(|(k, v)| {
+                let shown = if is_secret_key(k) {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("KafkaSourceOptions")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topics", &self.topics)
+            .field("format", &self.format)
+            .field("starting_offsets", &self.starting_offsets)
+            .field("ending_offsets", &self.ending_offsets)
+            .field("max_offsets_per_trigger", &self.max_offsets_per_trigger)
+            .field("fail_on_data_loss", &self.fail_on_data_loss)
+            .field("isolation_level", &self.isolation_level)
+            .field("read_timeout", &self.read_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("unavailable_timeout", &self.unavailable_timeout)
+            .field("commit_group", &self.commit_group)
+            .field("client_config", &config)
+            .field("batch_size", &self.batch_size)
+            .field("consumers", &self.consumers)
+            .finish()
+    }
+}
+
+/// The longest `read_timeout` / `request_timeout` accepted (librdkafka
+/// takes timeouts as 32-bit milliseconds).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+impl KafkaSourceOptions {
+    /// Check the settings: counts at least 1, timeouts within
+    /// (0, [`MAX_TIMEOUT`]], no [`RESERVED_CLIENT_KEYS`].
+    pub fn validate(&self, source_name: &str) -> Result<()> {
+        let invalid = |option: &str, reason: String| Error::InvalidOption {
+            source_name: source_name.to_string(),
+            option: option.to_string(),
+            reason,
+        };
+        require_positive(source_name, "batch_size", self.batch_size as u64)?;
+        require_positive(source_name, "consumers", self.consumers as u64)?;
+        if let Some(n) = self.max_offsets_per_trigger {
+            require_positive(source_name, "max_offsets_per_trigger", n)?;
+        }
+        for (option, d) in [
+            ("read_timeout", self.read_timeout),
+            ("request_timeout", self.request_timeout),
+            ("unavailable_timeout", self.unavailable_timeout),
+        ] {
+            if d.is_zero() || d > MAX_TIMEOUT {
+                return Err(invalid(
+                    option,
+                    format!("{d:?} is out of range: give a duration above 0 and at most 24h"),
+                ));
+            }
+        }
+        for key in self.client_config.keys() {
+            let k = key.to_ascii_lowercase();
+            if let Some((_, why)) = RESERVED_CLIENT_KEYS.iter().find(|(r, _)| *r == k) {
+                return Err(invalid(
+                    &format!("kafka.{key}"),
+                    format!(
+                        "the exactly-once reader sets {k} itself and it cannot be changed: {why}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Per topic, per partition: an offset.
+type PartitionOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
+
+/// The end offset of a Kafka batch (and the initial offset of a query).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KafkaOffset {
+    /// Next offset to read, per topic and partition.
+    pub partitions: PartitionOffsets,
+    /// The bound of a bounded source (`ending_offsets`), fixed when the
+    /// query first started and carried from batch to batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending: Option<PartitionOffsets>,
+    /// Partitions first seen in this batch, with the offset they start at.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub added: PartitionOffsets,
+    /// Partitions whose planned start was gone when this batch was planned
+    /// (`fail_on_data_loss = false`): the batch read from `resumed_at`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_loss: Vec<LostRange>,
+    /// The topic id (KIP-516, 32 hex digits) of each topic when the query
+    /// first saw it, where the broker gives one: a changed id proves that a
+    /// topic was deleted and recreated. Carried from batch to batch.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub topic_ids: BTreeMap<String, String>,
+}
+
+/// A partition whose planned offsets no longer existed in the broker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LostRange {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// The offset the checkpoint expected to read next.
+    pub expected: i64,
+    /// The offset reading resumed at: the partition's earliest when the
+    /// start was deleted or the topic was recreated, its end when the log
+    /// was truncated below the start.
+    pub resumed_at: i64,
+}
+
+#[derive(Debug, Default)]
+struct KafkaState {
+    /// High watermarks fixed by `freeze` (available-now).
+    frozen: Option<PartitionOffsets>,
+    /// Watermarks read while starting (`initial_offset`, `freeze`), reused
+    /// by the calls that follow within [`STARTUP_MARKS_AGE`] up to and
+    /// including the first plan: a start then asks the broker once, not
+    /// three times.
+    startup_marks: Option<(Instant, Watermarks)>,
+    /// When topic ids were last compared with the recorded ones (`None`:
+    /// not yet in this run, so the first plan compares them).
+    ids_checked: Option<Instant>,
+}
+
+/// How often planning compares topic ids with the recorded ones, besides
+/// the first plan of a run and a partition found past its end: a topic
+/// recreated and refilled past the old offsets is caught within this time.
+const TOPIC_ID_CHECK_EVERY: Duration = Duration::from_secs(60);
+
+/// How old startup watermarks may be to be reused (they only bound what a
+/// batch reads: older ones make it read less, never wrongly).
+const STARTUP_MARKS_AGE: Duration = Duration::from_secs(2);
+
+/// Reads Kafka topics; see the module docs.
+#[derive(Debug)]
+pub struct KafkaSource {
+    name: String,
+    options: KafkaSourceOptions,
+    value_schema: SchemaRef,
+    schema: SchemaRef,
+    state: Arc<Mutex<KafkaState>>,
+    /// The client that plans (metadata, watermarks, offsets for times),
+    /// created at the first plan and kept: a continuous query plans every
+    /// poll interval, and a new client would reconnect each time.
+    planner: PlannerSlot,
+    /// Ranges the reads of the current batch found gone and skipped
+    /// (`fail_on_data_loss = false`).
+    skipped: Arc<Mutex<Vec<Skipped>>>,
+}
+
+#[derive(Default)]
+struct PlannerSlot(Mutex<Option<Arc<BaseConsumer>>>);
+
+impl std::fmt::Debug for PlannerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlannerSlot")
+    }
+}
+
+/// Names of the metadata columns every Kafka table has, after its value
+/// columns.
+pub const METADATA_COLUMNS: [&str; 6] = [
+    "_key",
+    "_topic",
+    "_partition",
+    "_offset",
+    "_timestamp",
+    "_headers",
+];
+
+fn metadata_fields() -> Vec<Field> {
+    vec![
+        Field::new("_key", DataType::Binary, true),
+        Field::new("_topic", DataType::Utf8, false),
+        Field::new("_partition", DataType::Int32, false),
+        Field::new("_offset", DataType::Int64, false),
+        Field::new(
+            "_timestamp",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("_headers", DataType::Utf8, true),
+    ]
+}
+
+/// Config keys whose values are secrets: never logged or shown.
+pub fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password")
+        || k.contains("secret")
+        || k.contains("token")
+        || k.ends_with(".key")
+        || k.contains("key.pem")
+        || k.contains("sasl.jaas")
+        || k.contains("sasl.oauthbearer.config")
+}
+
+impl KafkaSource {
+    /// A Kafka source named `name`. `value_schema` gives the columns decoded
+    /// from JSON values (ignored for `raw` and `string`).
+    pub fn try_new(
+        name: &str,
+        value_schema: Option<SchemaRef>,
+        options: KafkaSourceOptions,
+    ) -> Result<Self> {
+        options.validate(name)?;
+        let value_schema = match options.format {
+            ValueFormat::Json => value_schema.ok_or_else(|| Error::InvalidOption {
+                source_name: name.to_string(),
+                option: "format".into(),
+                reason: "format 'json' needs the value's columns declared in the table".into(),
+            })?,
+            ValueFormat::Raw => Arc::new(Schema::new(vec![Field::new(
+                "value",
+                DataType::Binary,
+                true,
+            )])),
+            ValueFormat::String => {
+                Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
+            }
+        };
+        let mut fields: Vec<Field> = value_schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        for m in metadata_fields() {
+            if fields.iter().any(|f| f.name() == m.name()) {
+                return Err(Error::InvalidOption {
+                    source_name: name.to_string(),
+                    option: "columns".into(),
+                    reason: format!("column {} is reserved for Kafka metadata", m.name()),
+                });
+            }
+            fields.push(m);
+        }
+        Ok(Self {
+            name: name.to_string(),
+            schema: Arc::new(Schema::new(fields)),
+            value_schema,
+            options,
+            state: Arc::new(Mutex::new(KafkaState::default())),
+            planner: PlannerSlot::default(),
+            skipped: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        client_config(&self.options)
+    }
+
+    fn parse(&self, v: &Offset) -> Result<KafkaOffset> {
+        serde_json::from_value(v.clone()).map_err(|e| Error::InvalidOffset {
+            source_name: self.name.clone(),
+            offset: v.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// The planning client, created on first use.
+    fn planner(&self) -> Result<Arc<BaseConsumer>> {
+        let mut slot = self.planner.0.lock().expect("kafka planner");
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c: Arc<BaseConsumer> = Arc::new(
+            self.client_config()
+                .create()
+                .map_err(|e| create_err(&self.name, e))?,
+        );
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    fn kafka_err(&self, what: &str, e: KafkaError) -> Error {
+        Error::Kafka {
+            source_name: self.name.clone(),
+            what: what.to_string(),
+            reason: e.to_string(),
+            transient: is_transient(&e),
+        }
+    }
+}
+
+fn create_err(source_name: &str, e: KafkaError) -> Error {
+    Error::Kafka {
+        source_name: source_name.to_string(),
+        what: "create consumer".into(),
+        reason: e.to_string(),
+        transient: false,
+    }
+}
+
+/// Errors that a later attempt may not see (broker down, timeouts).
+fn is_transient(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::NetworkException
+                | RDKafkaErrorCode::BrokerNotAvailable
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::NotCoordinator
+        )
+    ) || matches!(e, KafkaError::MetadataFetch(_))
+}
+
+fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &o.bootstrap_servers)
+        // `assign()` needs some group id; nothing is ever committed under it.
+        .set("group.id", "lakestream-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        .set("isolation.level", o.isolation_level.as_str())
+        // A planned offset that no longer exists must be an error, never a
+        // silent jump.
+        .set("auto.offset.reset", "error")
+        .set("client.id", "lakestream");
+    for (k, v) in &o.client_config {
+        c.set(k, v);
+    }
+    c
+}
+
+#[async_trait]
+impl Source for KafkaSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    async fn recover(&self, ends: &[Offset]) -> Result<()> {
+        for e in ends {
+            self.parse(e)?;
+        }
+        Ok(())
+    }
+
+    async fn restore(&self, _snapshot: Option<&Offset>) -> Result<()> {
+        // A bound frozen by an earlier available-now run (or watermarks of an
+        // earlier start) must not cap this run.
+        *self.state.lock().expect("kafka state") = KafkaState::default();
+        self.skipped.lock().expect("kafka skipped").clear();
+        Ok(())
+    }
+
+    fn take_skipped(&self) -> Vec<Skipped> {
+        std::mem::take(&mut *self.skipped.lock().expect("kafka skipped"))
+    }
+
+    fn unavailable_timeout(&self) -> Duration {
+        self.options.unavailable_timeout
+    }
+
+    fn identity(&self) -> SourceIdentity {
+        let location = match &self.options.topics {
+            Topics::List(list) => {
+                let mut l = list.clone();
+                l.sort();
+                format!("topics {}", l.join(","))
+            }
+            Topics::Pattern(re) => format!("topic pattern {}", re.as_str()),
+        };
+        // The isolation level decides where a planned range may end (the
+        // last stable offset or the high watermark): a change would make a
+        // checkpoint's offsets look truncated or reach past open
+        // transactions.
+        let location = format!("{location} ({})", self.options.isolation_level.as_str());
+        SourceIdentity {
+            kind: "kafka".into(),
+            location,
+        }
+    }
+
+    async fn freeze(&self) -> Result<()> {
+        let marks = self.startup_watermarks().await?;
+        let frozen = marks
+            .marks
+            .into_iter()
+            .map(|(t, ps)| (t, ps.into_iter().map(|(p, (_, hi))| (p, hi)).collect()))
+            .collect();
+        self.state.lock().expect("kafka state").frozen = Some(frozen);
+        Ok(())
+    }
+
+    async fn initial_offset(&self) -> Result<Option<Offset>> {
+        let marks = self.startup_watermarks().await?;
+        let topics: Vec<String> = marks.marks.keys().cloned().collect();
+        let initial = KafkaOffset {
+            partitions: self.resolve_starting(&marks).await?,
+            ending: self
+                .options
+                .ending_offsets
+                .as_ref()
+                .map(|spec| resolve_ending(spec, &marks)),
+            added: PartitionOffsets::new(),
+            data_loss: Vec::new(),
+            topic_ids: self.topic_ids(topics).await?,
+        };
+        Ok(Some(
+            serde_json::to_value(initial).expect("offset serializes"),
+        ))
+    }
+
+    async fn plan(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
+        let prev = match start {
+            Some(s) => self.parse(s)?,
+            // Used without an engine that stores the initial offset.
+            None => match self.initial_offset().await? {
+                Some(v) => self.parse(&v)?,
+                None => KafkaOffset::default(),
+            },
+        };
+        // The first plan may use the watermarks read while starting; every
+        // later plan asks the broker.
+        let startup = self.state.lock().expect("kafka state").startup_marks.take();
+        let marks = match startup {
+            Some((at, marks)) if at.elapsed() < STARTUP_MARKS_AGE => marks,
+            _ => self.watermarks().await?,
+        };
+        let frozen = self.state.lock().expect("kafka state").frozen.clone();
+        let mut next = KafkaOffset {
+            ending: prev.ending.clone(),
+            topic_ids: prev.topic_ids.clone(),
+            ..Default::default()
+        };
+        // Ids are asked for when they can tell something: a topic first
+        // seen, a planned offset past a partition's end (was it recreated?),
+        // and every recorded topic at the first plan of a run (it may have
+        // been recreated while the query was down) and now and then.
+        let periodic = {
+            let mut st = self.state.lock().expect("kafka state");
+            let due = st
+                .ids_checked
+                .is_none_or(|t| t.elapsed() >= TOPIC_ID_CHECK_EVERY);
+            if due {
+                st.ids_checked = Some(Instant::now());
+            }
+            due
+        };
+        let mut wanted: Vec<String> = Vec::new();
+        for (topic, parts) in &marks.marks {
+            let known = prev.partitions.get(topic);
+            let first_seen = known.is_none() && !prev.topic_ids.contains_key(topic);
+            let past_end = parts
+                .iter()
+                .any(|(p, (_, hi))| known.and_then(|m| m.get(p)).is_some_and(|s| s > hi));
+            let recorded = prev.topic_ids.contains_key(topic);
+            if first_seen || past_end || (periodic && recorded) {
+                wanted.push(topic.clone());
+            }
+        }
+        let current_ids = if wanted.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.topic_ids(wanted).await?
+        };
+        for (topic, id) in &current_ids {
+            next.topic_ids
+                .entry(topic.clone())
+                .or_insert_with(|| id.clone());
+        }
+        // A partition without a start here is one the previous batches never
+        // saw; it is recorded in `added` with the offset it starts at.
+        // What each partition could give this batch, before the cap.
+        let mut rows: Vec<PartitionRange> = Vec::new();
+        for (topic, parts) in &marks.marks {
+            for (&p, &(lo, hi)) in parts {
+                // A partition (or topic) that appeared after the query started
+                // is read from its earliest offset.
+                let known = prev.partitions.get(topic).and_then(|m| m.get(&p)).copied();
+                let mut s = known.unwrap_or(lo);
+                if known.is_none() {
+                    next.added.entry(topic.clone()).or_default().insert(p, lo);
+                }
+                let recorded_id = prev.topic_ids.get(topic).map(String::as_str);
+                let current_id = current_ids.get(topic).map(String::as_str);
+                if let Some((resume, detail)) = resume_point(s, lo, hi, recorded_id, current_id) {
+                    // Planned offsets are gone: retention deleted them, the
+                    // log was truncated, or the topic was recreated.
+                    if self.options.fail_on_data_loss {
+                        return Err(Error::DataLoss {
+                            source_name: self.name.clone(),
+                            topic: topic.clone(),
+                            partition: p,
+                            detail,
+                        });
+                    }
+                    tracing::warn!(
+                        source = %self.name, topic = %topic, partition = p, %detail,
+                        "data loss: skipping forward (fail_on_data_loss = false)"
+                    );
+                    next.data_loss.push(LostRange {
+                        topic: topic.clone(),
+                        partition: p,
+                        expected: s,
+                        resumed_at: resume,
+                    });
+                    if let Some(id) = current_id {
+                        // The current id is the one to compare with from
+                        // now on (the new topic's, after a recreation).
+                        next.topic_ids.insert(topic.clone(), id.to_string());
+                    }
+                    s = resume;
+                }
+                let mut limit = hi;
+                if let Some(e) = prev.ending.as_ref().and_then(|e| e.get(topic)) {
+                    // A bounded source reads no partition it did not know
+                    // when it started.
+                    limit = limit.min(e.get(&p).copied().unwrap_or(s));
+                }
+                if let Some(f) = frozen.as_ref() {
+                    // Nor, under available-now, one that appeared later.
+                    limit = limit.min(f.get(topic).and_then(|m| m.get(&p)).copied().unwrap_or(s));
+                }
+                rows.push(PartitionRange {
+                    topic: topic.clone(),
+                    partition: p,
+                    start: s,
+                    end: limit.max(s),
+                });
+            }
+        }
+        let backlogs: Vec<(usize, i64)> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.end - r.start))
+            .collect();
+        let takes = match self.options.max_offsets_per_trigger {
+            Some(cap) => split_cap(&backlogs, cap),
+            None => backlogs.clone(),
+        };
+        let mut any = !next.data_loss.is_empty();
+        for (i, take) in takes {
+            let r = &rows[i];
+            any |= take > 0;
+            next.partitions
+                .entry(r.topic.clone())
+                .or_default()
+                .insert(r.partition, r.start + take);
+        }
+        if !any {
+            return Ok(None);
+        }
+        Ok(Some(serde_json::to_value(next).expect("offset serializes")))
+    }
+
+    fn read(
+        &self,
+        start: Option<&Offset>,
+        end: &Offset,
+        partitions: usize,
+    ) -> Result<Vec<BatchStream>> {
+        let end = self.parse(end)?;
+        let start = match start {
+            Some(s) => self.parse(s)?,
+            None => KafkaOffset::default(),
+        };
+        let ranges = self.ranges(&start, &end)?;
+        let n = partitions
+            .min(self.options.consumers)
+            .max(1)
+            .min(ranges.len().max(1));
+        let mut groups: Vec<Vec<PartitionRange>> = vec![Vec::new(); n];
+        for (i, r) in ranges.into_iter().enumerate() {
+            groups[i % n].push(r);
+        }
+        Ok(groups
+            .into_iter()
+            .filter(|g| !g.is_empty())
+            .map(|g| self.range_stream(g))
+            .collect())
+    }
+
+    fn describe(&self, start: Option<&Offset>, end: &Offset) -> String {
+        let Ok(end) = self.parse(end) else {
+            return "offsets ?".into();
+        };
+        let start = start.and_then(|s| self.parse(s).ok()).unwrap_or_default();
+        let ranges = self.ranges(&start, &end).unwrap_or_default();
+        let total: i64 = ranges.iter().map(|r| r.end - r.start).sum();
+        let parts = ranges.len();
+        let mut d = format!("{total} offsets over {parts} partitions");
+        for l in &end.data_loss {
+            d.push_str(&format!(
+                "; data loss skipped {}/{}: expected offset {}, resumed at {}",
+                l.topic, l.partition, l.expected, l.resumed_at
+            ));
+        }
+        d
+    }
+
+    async fn committed(&self, end: &Offset) -> Result<()> {
+        let Some(group) = self.options.commit_group.clone() else {
+            return Ok(());
+        };
+        let end = self.parse(end)?;
+        let mut cfg = self.client_config();
+        cfg.set("group.id", &group);
+        let name = self.name.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let consumer: BaseConsumer = cfg.create().map_err(|e| create_err(&name, e))?;
+            let mut tpl = TopicPartitionList::new();
+            for (t, ps) in &end.partitions {
+                for (p, o) in ps {
+                    let _ = tpl.add_partition_offset(t, *p, KOffset::Offset(*o));
+                }
+            }
+            consumer
+                .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
+                .map_err(|e| Error::Kafka {
+                    source_name: name,
+                    what: format!("commit offsets to group {group} (monitoring only)"),
+                    reason: e.to_string(),
+                    transient: true,
+                })
+        })
+        .await
+        .unwrap_or(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read::*;
+    use super::*;
+
+    #[test]
+    fn a_reader_tells_a_deleted_start_and_a_gone_tail_from_a_range_still_being_read() {
+        // Still readable: inside the log, or done.
+        assert_eq!(range_gap(10, 20, 0, 25), None);
+        assert_eq!(range_gap(10, 20, 0, 15), None);
+        assert_eq!(range_gap(20, 20, 30, 40), None);
+        // Retention deleted the start: skip to the earliest offset, or the
+        // whole rest when the earliest lies past the end.
+        assert_eq!(
+            range_gap(10, 20, 15, 25),
+            Some(RangeGap::StartDeleted { to: 15 })
+        );
+        assert_eq!(
+            range_gap(10, 20, 30, 40),
+            Some(RangeGap::StartDeleted { to: 20 })
+        );
+        // The reader reached the log's end before the planned end.
+        assert_eq!(range_gap(12, 20, 0, 12), Some(RangeGap::TailGone));
+        assert_eq!(range_gap(10, 20, 0, 3), Some(RangeGap::TailGone));
+    }
+
+    #[test]
+    fn a_start_past_the_end_resumes_at_the_end_unless_the_topic_id_changed() {
+        // Inside the partition: nothing lost.
+        assert_eq!(resume_point(5, 0, 10, None, None), None);
+        assert_eq!(resume_point(10, 0, 10, Some("a"), Some("a")), None);
+        // Deleted by retention: from the earliest.
+        let (at, detail) = resume_point(2, 4, 10, None, None).unwrap();
+        assert_eq!(at, 4);
+        assert!(detail.contains("offsets 2..4"), "{detail}");
+        // Truncated (same or unknown id): from the end, so nothing the
+        // table holds is read again.
+        for (was, now) in [
+            (Some("a"), Some("a")),
+            (None, Some("a")),
+            (Some("a"), None),
+            (None, None),
+        ] {
+            let (at, detail) = resume_point(12, 0, 7, was, now).unwrap();
+            assert_eq!(at, 7, "{was:?} {now:?}");
+            assert!(detail.contains("offsets 7..12"), "{detail}");
+        }
+        // Recreated, proven by the id: past the new end, the new topic from
+        // its start; inside it (batches may have read it since the last
+        // check), on from the offset, never a record twice.
+        for (s, lo, hi, at_expected) in [(12, 0, 7, 0), (5, 0, 10, 5), (0, 0, 0, 0), (3, 4, 9, 4)] {
+            let (at, detail) = resume_point(s, lo, hi, Some("a"), Some("b")).unwrap();
+            assert_eq!(at, at_expected, "{s} {lo} {hi}");
+            assert!(detail.contains("recreated"), "{detail}");
+        }
+    }
+}
