@@ -2,7 +2,7 @@
 //! Arrow through the file source, running the per-batch query, encoding
 //! Parquet, and one Delta commit on a table with a long history.
 //!
-//! `cargo bench -p lakestream --bench hot_paths`. End-to-end figures are
+//! `cargo bench -p lakestream-benches --bench hot_paths`. End-to-end figures are
 //! `lakestream bench` (docs/benchmarks.md).
 
 use std::collections::HashMap;
