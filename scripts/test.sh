@@ -38,6 +38,10 @@ export LAKESTREAM_S3_BUCKET=lakestream
 export LAKESTREAM_S3_KEY_ID=lakestream
 export LAKESTREAM_S3_SECRET=lakestream-secret
 
-# Examples must not rot: run the library example on its bundled data.
-cargo run --quiet -p lakestream --example embed
-cargo test --workspace --no-fail-fast
+status=0
+cargo test --workspace --no-fail-fast || status=$?
+# Examples must not rot: run the library example on its bundled data. The
+# binary is the one `cargo test` built with the workspace's features (a
+# `cargo run -p lakestream` would build DataFusion a second time).
+"${CARGO_TARGET_DIR:-target}/debug/examples/embed" || status=$?
+exit "$status"

@@ -134,16 +134,24 @@ enum Command {
         #[command(subcommand)]
         action: TableAction,
     },
-    /// Run SQL over Delta, Parquet, CSV or JSON tables named by path.
-    #[command(after_help = "Tables are named by their path in quotes:\n  \
+    /// Run SQL over Delta, Parquet, CSV or JSON tables, named by path or by
+    /// a name given with --table.
+    #[command(
+        after_help = "Tables are named by their path in quotes, or by a name given with --table:\n  \
         lakestream query \"SELECT count(*) FROM 'target/quickstart/clean_events'\"\n  \
-        lakestream query --format json \"SELECT * FROM 'data/users.parquet' LIMIT 5\"")]
+        lakestream query --table events=target/quickstart/clean_events \"SELECT day, count(*) FROM events GROUP BY day\"\n  \
+        lakestream query --format json \"SELECT * FROM 'data/users.parquet' LIMIT 5\""
+    )]
     Query {
         /// The SQL.
         sql: String,
         /// Output format.
         #[arg(long, default_value = "table", value_parser = ["table", "json", "csv"])]
         format: String,
+        /// A table the SQL names by NAME: a Delta table, or Parquet, CSV or
+        /// JSON files, at LOCATION (path or URL). Repeatable.
+        #[arg(long = "table", value_name = "NAME=LOCATION", value_parser = parse_table_arg)]
+        tables: Vec<(String, String)>,
         #[command(flatten)]
         storage: StorageArgs,
     },
@@ -349,8 +357,9 @@ fn main() -> ExitCode {
             Command::Query {
                 sql,
                 format,
+                tables,
                 storage,
-            } => report(query::query(&sql, &format, &storage.options()).await),
+            } => report(query::query(&sql, &format, &tables, &storage.options()).await),
             Command::Bench {
                 dir,
                 rows,
@@ -402,6 +411,18 @@ fn engine_exit(e: &lakestream_engine::Error) -> ExitCode {
         lakestream_engine::ErrorKind::External | lakestream_engine::ErrorKind::Internal => {
             ExitCode::from(EXIT_FAILED)
         }
+    }
+}
+
+/// `NAME=LOCATION` of `lakestream query --table`.
+fn parse_table_arg(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, location)) if !name.trim().is_empty() && !location.trim().is_empty() => {
+            Ok((name.trim().to_string(), location.trim().to_string()))
+        }
+        _ => Err(format!(
+            "{s:?} is not NAME=LOCATION (for example events=target/quickstart/clean_events)"
+        )),
     }
 }
 

@@ -1,4 +1,5 @@
-//! `lakestream query`: DataFusion SQL over tables named by path.
+//! `lakestream query`: DataFusion SQL over tables named by path or by a
+//! name given with `--table NAME=LOCATION`.
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -12,14 +13,21 @@ use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::sqlparser::ast::visit_relations;
 use lakestream_engine::storage::Location;
 
-/// Run `sql`, registering each quoted path it names as a table, and print
-/// the result in `format` (`table`, `json` lines or `csv`).
+/// Run `sql`, registering each of `tables` (name, location) and each
+/// quoted path it names as a table, and print the result in `format`
+/// (`table`, `json` lines or `csv`).
 pub(crate) async fn query(
     sql: &str,
     format: &str,
+    tables: &[(String, String)],
     options: &HashMap<String, String>,
 ) -> anyhow::Result<()> {
     let ctx = SessionContext::new();
+    for (name, location) in tables {
+        register(&ctx, name, location, options)
+            .await
+            .with_context(|| format!("cannot open table {name} at {location:?}"))?;
+    }
     let statements = DFParser::parse_sql(sql).map_err(|e| anyhow::anyhow!(e.strip_backtrace()))?;
     let mut names = Vec::new();
     for stmt in &statements {
@@ -37,8 +45,9 @@ pub(crate) async fn query(
     names.sort();
     names.dedup();
     for name in names {
-        if looks_like_path(&name) {
-            register(&ctx, &name, options)
+        let named = tables.iter().any(|(t, _)| t == &name);
+        if !named && looks_like_path(&name) {
+            register(&ctx, &name, &name, options)
                 .await
                 .with_context(|| format!("cannot open table {name:?}"))?;
         }
@@ -74,12 +83,20 @@ fn looks_like_path(name: &str) -> bool {
     name.contains('/') || name.contains('.') || std::path::Path::new(name).exists()
 }
 
+/// Register the table at `location` as `name`.
 async fn register(
     ctx: &SessionContext,
     name: &str,
+    location: &str,
     options: &HashMap<String, String>,
 ) -> anyhow::Result<()> {
-    let loc = Location::parse(name, options)?;
+    // One local file (`data/users.parquet`): read as it is.
+    let file = std::path::Path::new(location);
+    if file.is_file() {
+        let ext = extension_of(file).unwrap_or_default();
+        return register_files(ctx, name, location, &ext).await;
+    }
+    let loc = Location::parse(location, options)?;
     let local = loc.local_dir().map(|p| p.to_path_buf());
     let is_delta = match &local {
         Some(p) => p.join("_delta_log").is_dir(),
@@ -90,7 +107,7 @@ async fn register(
         // reason to read its data files raw (they include removed files).
         let table = lakestream::sink::delta::load_table(&loc)
             .await
-            .with_context(|| format!("cannot open the Delta table {name}"))?;
+            .with_context(|| format!("cannot open the Delta table {location}"))?;
         if let Some(table) = table {
             table.update_datafusion_session(&ctx.state())?;
             let provider = table.table_provider().await?;
@@ -98,50 +115,62 @@ async fn register(
             return Ok(());
         }
         if local.is_none() {
-            bail!("{name} is not a Delta table");
+            bail!("{location} is not a Delta table");
         }
     }
     let path = local
         .as_ref()
         .map(|p| p.display().to_string())
-        .unwrap_or_else(|| name.to_string());
+        .unwrap_or_else(|| location.to_string());
     let path = path.trim_end_matches('/').to_string();
     let ext = detect_extension(local.as_deref()).unwrap_or_default();
-    match ext.as_str() {
+    register_files(ctx, name, &path, &ext).await
+}
+
+/// Register the `ext` files at `path` (a file or a directory) as `name`.
+async fn register_files(
+    ctx: &SessionContext,
+    name: &str,
+    path: &str,
+    ext: &str,
+) -> anyhow::Result<()> {
+    match ext {
         "parquet" => {
-            ctx.register_parquet(name, &path, ParquetReadOptions::default())
+            ctx.register_parquet(name, path, ParquetReadOptions::default())
                 .await?
         }
         "csv" => {
-            ctx.register_csv(name, &path, CsvReadOptions::default())
+            ctx.register_csv(name, path, CsvReadOptions::default())
                 .await?
         }
         "json" | "jsonl" | "ndjson" => {
             ctx.register_json(
                 name,
-                &path,
+                path,
                 JsonReadOptions::default().file_extension(&format!(".{ext}")),
             )
             .await?
         }
-        _ => bail!("{name}: not a Delta table and no .parquet, .csv or .json files found"),
+        _ => bail!("{path}: not a Delta table and no .parquet, .csv or .json files found"),
     }
     Ok(())
+}
+
+/// A file's extension, lower case.
+fn extension_of(p: &std::path::Path) -> Option<String> {
+    p.extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase())
 }
 
 /// The extension of a file, or of the files in a directory.
 fn detect_extension(local: Option<&std::path::Path>) -> Option<String> {
     let p = local?;
-    let ext_of = |p: &std::path::Path| {
-        p.extension()
-            .and_then(|e| e.to_str())
-            .map(|e| e.to_ascii_lowercase())
-    };
     if p.is_file() {
-        return ext_of(p);
+        return extension_of(p);
     }
     let dir = std::fs::read_dir(p).ok()?;
     dir.filter_map(|e| e.ok())
         .filter(|e| e.path().is_file())
-        .find_map(|e| ext_of(&e.path()))
+        .find_map(|e| extension_of(&e.path()))
 }

@@ -12,12 +12,13 @@
 //! - a read streams: no record batch is larger than the source's
 //!   `batch_size`, however large the range.
 //!
-//! The sink idempotence suite lives beside the sink tests
-//! (`crates/lakestream/tests/it/sink.rs`).
+//! [`sink::sink_idempotence`] checks what the engine relies on from every
+//! sink (a batch id commits at most once per query, whoever writes it).
 //!
 //! [`slt`] runs SQL logic test files of whole jobs (`tests/slt/*.slt`):
 //! declare a job, feed its sources, run a batch, check the table.
 
+pub mod sink;
 pub mod slt;
 
 use std::sync::Arc;

@@ -102,6 +102,35 @@ fn quickstart_builds_a_delta_table_every_reader_agrees_on() {
     let py_total: f64 = rows.iter().map(|r| r["amount"].as_f64().unwrap()).sum();
     assert_eq!(sums[0]["n"], expected.len() as u64);
     assert!((sums[0]["total"].as_f64().unwrap() - py_total).abs() < 1e-6);
+    // The same table by a name, joined with the input's users by name too.
+    let o = run_in(
+        dir,
+        &[
+            "query",
+            "--format",
+            "json",
+            "--table",
+            "events=target/quickstart/clean_events",
+            "--table",
+            "users=examples/data/users.parquet",
+            "SELECT count(*) AS n FROM events e JOIN users u ON e.user_id = u.user_id \
+             WHERE u.country IS NOT NULL",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let joined: serde_json::Value =
+        serde_json::from_slice(o.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    let known = rows.iter().filter(|r| r["country"].is_string()).count();
+    assert_eq!(joined["n"], known as u64, "{}", text(&o));
+    // One file, named by its quoted path (as `query --help` shows).
+    let users = query(
+        dir,
+        "SELECT count(*) AS n FROM 'examples/data/users.parquet'",
+    );
+    assert!(users[0]["n"].as_u64().unwrap() > 0, "{users:?}");
+    let o = run_in(dir, &["query", "--table", "events", "SELECT 1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("NAME=LOCATION"), "{}", text(&o));
 
     // Running again finds nothing new and leaves the table as it is.
     let o = run_in(dir, &args[..6]);

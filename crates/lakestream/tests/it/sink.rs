@@ -6,19 +6,12 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
 use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
 use lakestream::sink::memory::MemorySink;
-use lakestream::sink::{CommitInfo, CommitOutcome, Sink, Staged};
-
-fn batch(v: i64) -> RecordBatch {
-    RecordBatch::try_new(
-        Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, true)])),
-        vec![Arc::new(Int64Array::from(vec![v]))],
-    )
-    .unwrap()
-}
+use lakestream::sink::{CommitInfo, CommitOutcome, Sink};
+use lakestream_testkit::sink::{
+    SinkTarget, column_values, commit, info, sink_idempotence, stage, value_batch as batch,
+};
 
 async fn write(sink: &DeltaSink, query: &str, id: u64) -> CommitOutcome {
     let mut w = sink.begin(id).await.unwrap();
@@ -160,23 +153,13 @@ async fn a_table_with_a_newer_writer_protocol_commits_through_delta_rs() {
     assert_eq!((n, distinct), (12, 12));
 }
 
-/// A table under the idempotence suite: handles on it, as separate
-/// writers (processes) would open it, and its rows read back.
-#[async_trait::async_trait]
-trait Target: Send + Sync {
-    /// A new writer on the table, opened for `batch(_)`'s schema.
-    async fn writer(&self) -> Arc<dyn Sink>;
-    /// The `v` values the table holds, sorted.
-    async fn values(&self) -> Vec<i64>;
-}
-
 struct DeltaTarget {
     url: String,
     options: std::collections::HashMap<String, String>,
 }
 
 #[async_trait::async_trait]
-impl Target for DeltaTarget {
+impl SinkTarget for DeltaTarget {
     async fn writer(&self) -> Arc<dyn Sink> {
         let options = DeltaSinkOptions {
             storage_options: self.options.clone(),
@@ -213,7 +196,7 @@ impl Target for DeltaTarget {
 struct MemoryTarget(MemorySink);
 
 #[async_trait::async_trait]
-impl Target for MemoryTarget {
+impl SinkTarget for MemoryTarget {
     async fn writer(&self) -> Arc<dyn Sink> {
         let sink = self.0.clone();
         sink.open(batch(0).schema()).await.unwrap();
@@ -227,126 +210,10 @@ impl Target for MemoryTarget {
     }
 }
 
-fn column_values(batches: &[RecordBatch]) -> Vec<i64> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        })
-        .collect()
-}
-
-async fn stage(sink: &dyn Sink, id: u64, values: &[i64]) -> Staged {
-    let mut w = sink.begin(id).await.unwrap();
-    for v in values {
-        w.write(batch(*v)).await.unwrap();
-    }
-    w.finish().await.unwrap()
-}
-
-fn info(query: &str, id: u64) -> CommitInfo {
-    CommitInfo {
-        query_id: query.into(),
-        batch_id: id,
-        metadata: Default::default(),
-    }
-}
-
-async fn commit(sink: &dyn Sink, query: &str, id: u64, values: &[i64]) -> CommitOutcome {
-    let staged = stage(sink, id, values).await;
-    sink.commit(staged, &info(query, id)).await.unwrap()
-}
-
-/// Commit batch `id` of `query` and check it landed.
-async fn assert_committed(sink: &dyn Sink, query: &str, id: u64, values: &[i64]) {
-    let outcome = commit(sink, query, id, values).await;
-    assert!(
-        matches!(outcome, CommitOutcome::Committed { .. }),
-        "batch {id} of {query}: {outcome:?}"
-    );
-}
-
-/// Commit batch `id` of `query` again and check nothing was committed.
-async fn assert_already(sink: &dyn Sink, query: &str, id: u64, values: &[i64]) {
-    let outcome = commit(sink, query, id, values).await;
-    assert!(
-        matches!(outcome, CommitOutcome::AlreadyCommitted { .. }),
-        "batch {id} of {query}: {outcome:?}"
-    );
-}
-
-/// The contract every sink keeps, run against fresh tables from `target`.
-async fn idempotence_suite<T: Target>(target: impl Fn(&str) -> T) {
-    // A batch committed twice by one writer is in the table once; so is a
-    // replay of an older batch.
-    let t = target("twice");
-    let a = t.writer().await;
-    assert_committed(&*a, "q", 0, &[1, 2]).await;
-    assert_committed(&*a, "q", 1, &[3]).await;
-    assert_already(&*a, "q", 1, &[3]).await;
-    assert_already(&*a, "q", 0, &[1, 2]).await;
-    assert_eq!(t.values().await, vec![1, 2, 3]);
-
-    // Two writers stage the same batch; whichever commits second finds it
-    // committed, whatever its view of the table was.
-    let t = target("two-writers");
-    let (a, b) = (t.writer().await, t.writer().await);
-    let from_a = stage(&*a, 0, &[10, 11]).await;
-    let from_b = stage(&*b, 0, &[10, 11]).await;
-    let first = b.commit(from_b, &info("q", 0)).await.unwrap();
-    let second = a.commit(from_a, &info("q", 0)).await.unwrap();
-    assert!(
-        matches!(first, CommitOutcome::Committed { .. }),
-        "{first:?}"
-    );
-    assert!(
-        matches!(second, CommitOutcome::AlreadyCommitted { .. }),
-        "{second:?}"
-    );
-    assert_eq!(t.values().await, vec![10, 11]);
-
-    // After a crash right after a commit, a new writer knows the batch is
-    // in the table, and its re-run commits nothing.
-    let t = target("restart");
-    let a = t.writer().await;
-    assert_committed(&*a, "q", 0, &[20]).await;
-    assert_committed(&*a, "q", 1, &[21]).await;
-    drop(a);
-    let b = t.writer().await;
-    assert_eq!(b.committed_batch("q").await.unwrap(), Some(1));
-    assert_already(&*b, "q", 1, &[21]).await;
-    assert_committed(&*b, "q", 2, &[22]).await;
-    assert_eq!(t.values().await, vec![20, 21, 22]);
-
-    // Batch ids belong to their query; an empty batch is recorded too.
-    let t = target("queries");
-    let a = t.writer().await;
-    assert_committed(&*a, "q1", 5, &[30]).await;
-    assert_committed(&*a, "q2", 5, &[31]).await;
-    assert_committed(&*a, "q2", 6, &[]).await;
-    assert_eq!(a.committed_batch("q1").await.unwrap(), Some(5));
-    assert_eq!(a.committed_batch("q2").await.unwrap(), Some(6));
-    assert_eq!(a.committed_batch("q3").await.unwrap(), None);
-    assert_eq!(t.values().await, vec![30, 31]);
-
-    // Parts staged by another kind of sink are refused, naming the batch.
-    let t = target("foreign");
-    let a = t.writer().await;
-    let foreign = Staged::new(7, 1, 0, 0, "not this sink's part");
-    let err = a.commit(foreign, &info("q", 7)).await.unwrap_err();
-    assert!(err.to_string().contains("batch 7"), "{err}");
-    assert_eq!(a.committed_batch("q").await.unwrap(), None);
-}
-
 #[tokio::test]
 async fn the_delta_sink_on_a_local_path_passes_the_idempotence_suite() {
     let dir = tempfile::tempdir().unwrap();
-    idempotence_suite(|name| DeltaTarget {
+    sink_idempotence(|name| DeltaTarget {
         url: dir.path().join(name).to_str().unwrap().to_string(),
         options: Default::default(),
     })
@@ -356,7 +223,7 @@ async fn the_delta_sink_on_a_local_path_passes_the_idempotence_suite() {
 #[tokio::test]
 async fn the_delta_sink_on_s3_passes_the_idempotence_suite() {
     let (options, prefix) = crate::common::s3_server("sink-suite");
-    idempotence_suite(|name| DeltaTarget {
+    sink_idempotence(|name| DeltaTarget {
         url: format!("{prefix}{name}/"),
         options: options.clone(),
     })
@@ -365,7 +232,7 @@ async fn the_delta_sink_on_s3_passes_the_idempotence_suite() {
 
 #[tokio::test]
 async fn the_memory_sink_passes_the_idempotence_suite() {
-    idempotence_suite(|name| MemoryTarget(MemorySink::new(name))).await;
+    sink_idempotence(|name| MemoryTarget(MemorySink::new(name))).await;
 }
 
 #[tokio::test]
