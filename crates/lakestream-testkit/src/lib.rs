@@ -30,21 +30,26 @@ use lakestream_source::{Offset, Source};
 
 /// Rows of a batch as text, one string per row.
 pub fn rows_of(batch: &RecordBatch) -> Vec<String> {
-    let opts = FormatOptions::default();
-    let columns: Vec<ArrayFormatter> = batch
+    cells_of(batch, &FormatOptions::default())
+        .expect("every arrow type formats")
+        .into_iter()
+        .map(|row| row.join("|"))
+        .collect()
+}
+
+/// Every value of a batch as arrow displays it with `options`, row by row.
+pub fn cells_of(
+    batch: &RecordBatch,
+    options: &FormatOptions,
+) -> Result<Vec<Vec<String>>, arrow::error::ArrowError> {
+    let columns = batch
         .columns()
         .iter()
-        .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).unwrap())
-        .collect();
-    (0..batch.num_rows())
-        .map(|r| {
-            columns
-                .iter()
-                .map(|c| c.value(r).to_string())
-                .collect::<Vec<_>>()
-                .join("|")
-        })
-        .collect()
+        .map(|c| ArrayFormatter::try_new(c.as_ref(), options))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((0..batch.num_rows())
+        .map(|r| columns.iter().map(|c| c.value(r).to_string()).collect())
+        .collect())
 }
 
 /// Read `(start, end]` as `partitions` streams; the rows sorted, and the

@@ -48,16 +48,19 @@
 //! 2
 //! ```
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::DataType;
-use arrow::util::display::{ArrayFormatter, FormatOptions};
+use arrow::util::display::FormatOptions;
 use async_trait::async_trait;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement};
 use lakestream_engine::job::{JobOptions, load_job};
+use lakestream_engine::sink::delta::load_table;
+use lakestream_engine::storage::Location;
 use lakestream_engine::{FailPoint, Trigger};
 use sqllogictest::{AsyncDB, DBOutput, DefaultColumnType};
 
@@ -201,26 +204,25 @@ impl JobHarness {
 
     async fn query(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, SltError> {
         let ctx = SessionContext::new();
-        {
-            for t in self.tables()?.iter().filter(|t| !t.unbounded) {
-                if t.format != "DELTA" {
-                    continue;
-                }
-                let Some(url) = table_url(&t.location) else {
-                    continue;
-                };
-                // A table the job has not created yet is simply absent: the
-                // query then fails naming it.
-                let Ok(table) = deltalake::open_table(url).await else {
-                    continue;
-                };
-                table
-                    .update_datafusion_session(&ctx.state())
-                    .map_err(fail)?;
-                let provider = table.table_provider().await.map_err(fail)?;
-                ctx.register_table(t.name.as_str(), provider)
-                    .map_err(fail)?;
+        for t in self.tables()?.iter().filter(|t| !t.unbounded) {
+            if t.format != "DELTA" {
+                continue;
             }
+            let location = Location::parse(&t.location, &HashMap::new()).map_err(fail)?;
+            // A table the job has not created yet is simply absent: the
+            // query then fails naming it.
+            if location.local_dir().is_some_and(|d| !d.exists()) {
+                continue;
+            }
+            let Some(table) = load_table(&location).await.map_err(fail)? else {
+                continue;
+            };
+            table
+                .update_datafusion_session(&ctx.state())
+                .map_err(fail)?;
+            let provider = table.table_provider().await.map_err(fail)?;
+            ctx.register_table(t.name.as_str(), provider)
+                .map_err(fail)?;
         }
         let df = ctx.sql(sql).await.map_err(fail)?;
         let types = df
@@ -234,16 +236,6 @@ impl JobHarness {
             types,
             rows: format_rows(&batches)?,
         })
-    }
-}
-
-fn table_url(location: &str) -> Option<url::Url> {
-    match url::Url::parse(location) {
-        Ok(u) if u.scheme().len() > 1 => Some(u),
-        _ => {
-            let path = std::path::absolute(location).ok()?;
-            url::Url::from_directory_path(path).ok()
-        }
     }
 }
 
@@ -264,20 +256,10 @@ fn format_rows(batches: &[RecordBatch]) -> Result<Vec<Vec<String>>, SltError> {
     let options = FormatOptions::default().with_null("NULL");
     let mut rows = Vec::new();
     for batch in batches {
-        let formatters = batch
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(fail)?;
-        for row in 0..batch.num_rows() {
+        for row in crate::cells_of(batch, &options).map_err(fail)? {
             rows.push(
-                formatters
-                    .iter()
-                    .map(|f| {
-                        let v = f.value(row).to_string();
-                        if v.is_empty() { "(empty)".into() } else { v }
-                    })
+                row.into_iter()
+                    .map(|v| if v.is_empty() { "(empty)".into() } else { v })
                     .collect(),
             );
         }

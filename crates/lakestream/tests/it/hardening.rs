@@ -433,23 +433,18 @@ async fn a_malformed_record_fails_its_batch_with_the_sources_own_error_through_a
         "events",
         input.to_str().unwrap(),
         &Default::default(),
-        schema,
+        schema.clone(),
         opts,
     )
     .unwrap();
     // A hash join repartitions the stream: the source's error reaches the
     // driver through shared copies, and is still the source's own error.
-    let names = datafusion::datasource::MemTable::try_new(
-        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)])),
-        vec![vec![
-            arrow::array::RecordBatch::try_new(
-                Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)])),
-                vec![Arc::new(arrow::array::Int64Array::from(vec![1, 2, 3]))],
-            )
-            .unwrap(),
-        ]],
+    let ids = arrow::array::RecordBatch::try_new(
+        schema.clone(),
+        vec![Arc::new(arrow::array::Int64Array::from(vec![1, 2, 3]))],
     )
     .unwrap();
+    let names = datafusion::datasource::MemTable::try_new(schema, vec![vec![ids]]).unwrap();
     let err = crate::common::available_now(
         source,
         "SELECT e.id FROM events e JOIN names n ON e.id = n.id",
