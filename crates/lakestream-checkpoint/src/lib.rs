@@ -685,18 +685,9 @@ async fn read_entry<T: serde::de::DeserializeOwned + Versioned>(
     location: &Location,
     name: &str,
 ) -> Result<Option<T>> {
-    let path = location.child(name);
     let file = file_url(location, name);
-    let bytes = match location.store().get(&path).await {
-        Ok(r) => r
-            .bytes()
-            .await
-            .map_err(|e| lakestream_storage::Error::Store {
-                file: file.clone(),
-                source: e,
-            })?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(lakestream_storage::Error::Store { file, source: e }.into()),
+    let Some(bytes) = location.read(&location.child(name)).await? else {
+        return Ok(None);
     };
     // Look at the version before the shape, so a newer format is reported as
     // such rather than as corruption.

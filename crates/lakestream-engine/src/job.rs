@@ -20,7 +20,7 @@ use lakestream_sink::delta::delta_schema;
 use lakestream_storage::normalize_option_key;
 
 use crate::connectors::{Connectors, table_store_options};
-use crate::{Error, FailPoint, QueryBuilder, Result, Trigger};
+use crate::{Error, FailPoint, OutputMode, QueryBuilder, Result, Trigger};
 use lakestream_sink::describe_schema;
 
 /// How to run a job file.
@@ -114,6 +114,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
                 .source(&job, t, &options.checkpoint, &options.storage_options)
                 .await?;
             builder = builder.source(source)?;
+            builder = event_time(&job, t, builder)?;
         } else {
             builder = register_static(&job, t, builder, &options.storage_options).await?;
         }
@@ -152,11 +153,55 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
                 .into());
         }
     }
+    if let Some(mode) = target.options.get("output_mode") {
+        let mode = OutputMode::parse(mode).ok_or_else(|| {
+            job.error(
+                target.pos,
+                format!(
+                    "option output_mode of {}: {mode:?} is not an output mode; use 'append', \
+                     'update' or 'complete'",
+                    target.name
+                ),
+            )
+        })?;
+        builder = builder.output_mode(mode);
+    }
     Ok(builder
         .output_columns(job.insert.columns.clone())
         .logical_plan(plan)
         .sink(sink)
         .with_job(job))
+}
+
+/// The stream table `t`'s event time, from its `event_time` and
+/// `watermark_delay` options (both or neither).
+fn event_time(job: &Job, t: &TableDecl, builder: QueryBuilder) -> Result<QueryBuilder> {
+    let column = t.options.get("event_time");
+    let delay = t.options.get("watermark_delay");
+    let err = |msg: String| -> Error { job.error(t.pos, msg).into() };
+    match (column, delay) {
+        (None, None) => Ok(builder),
+        (Some(column), Some(delay)) => {
+            let delay = crate::parse_duration(delay).ok_or_else(|| {
+                err(format!(
+                    "option watermark_delay of {}: {delay:?} is not a duration; use '10 seconds', \
+                     '1 minute', '2 hours'",
+                    t.name
+                ))
+            })?;
+            Ok(builder.event_time(&t.name, column, delay))
+        }
+        (Some(_), None) => Err(err(format!(
+            "{} sets 'event_time' without 'watermark_delay': say how late rows may arrive, \
+             e.g. 'watermark_delay' '1 minute' ('0s' for none)",
+            t.name
+        ))),
+        (None, Some(_)) => Err(err(format!(
+            "{} sets 'watermark_delay' without 'event_time': name its timestamp column, \
+             e.g. 'event_time' 'ts'",
+            t.name
+        ))),
+    }
 }
 
 /// The job's storage options: its `SET aws.* = ...` statements, then the

@@ -18,6 +18,7 @@ pub mod job;
 mod progress;
 mod provider;
 mod query;
+mod stateful;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +32,7 @@ pub use query::{
     DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, PROGRESS_EVENTS_BUFFER, QueryBuilder,
     QueryHandle, QuerySummary, StopHandle,
 };
+pub use stateful::{EventTime, OutputMode, StateProgress};
 
 pub use lakestream_checkpoint as checkpoint;
 pub use lakestream_sink as sink;
@@ -78,6 +80,9 @@ pub enum Error {
         /// The last error seen.
         last: Box<lakestream_source::Error>,
     },
+    /// The state of a stateful query could not be read or written.
+    #[error(transparent)]
+    State(Box<lakestream_state::Error>),
     /// A bug in lakestream (a panicked task); not caused by the job.
     #[error("internal error: {0}")]
     Internal(String),
@@ -128,6 +133,11 @@ impl From<lakestream_checkpoint::Error> for Error {
 impl From<lakestream_storage::Error> for Error {
     fn from(e: lakestream_storage::Error) -> Self {
         Error::Storage(Box::new(e))
+    }
+}
+impl From<lakestream_state::Error> for Error {
+    fn from(e: lakestream_state::Error) -> Self {
+        Error::State(Box::new(e))
     }
 }
 impl From<lakestream_source::Error> for Error {
@@ -183,10 +193,16 @@ impl Error {
             Error::Checkpoint(e) => {
                 matches!(**e, lakestream_checkpoint::Error::QueryChanged { .. })
             }
+            Error::State(e) => matches!(
+                **e,
+                lakestream_state::Error::Changed { .. }
+                    | lakestream_state::Error::Unsupported { .. }
+            ),
             _ => false,
         };
         let internal = match self {
             Error::Internal(_) => true,
+            Error::State(e) => matches!(**e, lakestream_state::Error::Arrow { .. }),
             Error::Execution { source, .. } => matches!(
                 source.find_root(),
                 DataFusionError::Internal(_) | DataFusionError::NotImplemented(_)

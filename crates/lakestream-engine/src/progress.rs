@@ -40,6 +40,9 @@ pub struct SourceProgress {
 }
 
 /// What one batch did. Printed per batch by the CLI (`--progress-json`).
+///
+/// A stateful query's batches also carry the event-time watermark they ran
+/// with and their aggregation's state figures.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct BatchProgress {
     /// The query id.
@@ -67,6 +70,13 @@ pub struct BatchProgress {
     pub skipped: bool,
     /// True when this batch was re-run from the write-ahead log at start.
     pub recovered: bool,
+    /// The event-time watermark the batch ran with (ms since the epoch),
+    /// when the query has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watermark_ms: Option<i64>,
+    /// The aggregation's state after the batch, when the query has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<crate::stateful::StateProgress>,
 }
 
 impl BatchProgress {

@@ -11,10 +11,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::datatypes::SchemaRef;
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::datasource::{TableProvider, TableType};
@@ -35,12 +36,36 @@ pub(crate) struct BatchRange {
     pub(crate) end: Option<Offset>,
 }
 
-/// One batch's scans, by source name: what each reads and how many rows
-/// it read. Set as a `SessionConfig` extension of the batch's session.
+/// One batch's scans, by source name: what each reads, how many rows it
+/// read and, for a source with an event-time column, the largest event
+/// time among them. Set as a `SessionConfig` extension of the batch's
+/// session.
 #[derive(Debug, Default)]
 pub(crate) struct BatchScans {
     ranges: HashMap<String, BatchRange>,
     rows: HashMap<String, Arc<AtomicU64>>,
+    event_times: HashMap<String, EventTimeScan>,
+}
+
+/// The event-time column of a source and the largest value read, in ms.
+#[derive(Debug, Clone)]
+struct EventTimeScan {
+    column: usize,
+    unit: TimeUnit,
+    max_ms: Arc<AtomicI64>,
+}
+
+impl EventTimeScan {
+    fn observe(&self, batch: &RecordBatch) {
+        let col = batch.column(self.column);
+        let Ok(v) = arrow::compute::cast(col, &DataType::Int64) else {
+            return;
+        };
+        if let Some(max) = arrow::compute::max(v.as_primitive::<Int64Type>()) {
+            let ms = crate::stateful::window::in_ms(self.unit, max);
+            self.max_ms.fetch_max(ms, Ordering::Relaxed);
+        }
+    }
 }
 
 impl BatchScans {
@@ -51,9 +76,29 @@ impl BatchScans {
         self.rows.insert(name.to_string(), Arc::default());
     }
 
+    /// Track the largest value of column `column` (a timestamp) of source
+    /// `name` in the scans.
+    pub(crate) fn track_event_time(&mut self, name: &str, column: usize, unit: TimeUnit) {
+        self.event_times.insert(
+            name.to_string(),
+            EventTimeScan {
+                column,
+                unit,
+                max_ms: Arc::new(AtomicI64::new(i64::MIN)),
+            },
+        );
+    }
+
     /// Rows the scans of source `name` have read so far.
     pub(crate) fn rows(&self, name: &str) -> u64 {
         self.rows.get(name).map_or(0, |r| r.load(Ordering::Relaxed))
+    }
+
+    /// The largest event time (ms) the scans of source `name` have read,
+    /// if it has an event-time column and read a non-NULL one.
+    pub(crate) fn event_time_max_ms(&self, name: &str) -> Option<i64> {
+        let v = self.event_times.get(name)?.max_ms.load(Ordering::Relaxed);
+        (v != i64::MIN).then_some(v)
     }
 }
 
@@ -141,6 +186,7 @@ impl TableProvider for MicroBatchTable {
                 ))
             })?;
         let rows = scans.rows.get(name).cloned().unwrap_or_default();
+        let event_time = scans.event_times.get(name).cloned();
         let streams: Vec<BatchStream> = match scans.ranges.get(name) {
             Some(BatchRange {
                 start,
@@ -158,6 +204,7 @@ impl TableProvider for MicroBatchTable {
                     schema: self.schema.clone(),
                     stream: Mutex::new(Some(s)),
                     rows: rows.clone(),
+                    event_time: event_time.clone(),
                 }) as Arc<dyn PartitionStream>
             })
             .collect();
@@ -166,6 +213,7 @@ impl TableProvider for MicroBatchTable {
                 schema: self.schema.clone(),
                 stream: Mutex::new(Some(futures::stream::empty().boxed())),
                 rows,
+                event_time: None,
             }));
         }
         Ok(Arc::new(StreamingTableExec::try_new(
@@ -184,6 +232,7 @@ struct OneShot {
     schema: SchemaRef,
     stream: Mutex<Option<BatchStream>>,
     rows: Arc<AtomicU64>,
+    event_time: Option<EventTimeScan>,
 }
 
 impl fmt::Debug for OneShot {
@@ -200,11 +249,15 @@ impl PartitionStream for OneShot {
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         let stream = self.stream.lock().expect("partition lock").take();
         let rows = self.rows.clone();
+        let event_time = self.event_time.clone();
         let stream = match stream {
             Some(s) => s
                 .map(move |r| match r {
                     Ok(b) => {
                         rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                        if let Some(et) = &event_time {
+                            et.observe(&b);
+                        }
                         Ok(b)
                     }
                     Err(e) => Err(DataFusionError::External(Box::new(SourceFailure(

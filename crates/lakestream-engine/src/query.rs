@@ -1,7 +1,7 @@
 //! Building and starting a streaming query, and watching it run (the
 //! loop itself is the [`crate::driver`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +18,8 @@ use tokio::task::JoinHandle;
 
 use crate::driver::Driver;
 use crate::progress::BatchProgress;
-use crate::provider::MicroBatchTable;
+use crate::provider::{BatchScans, MicroBatchTable};
+use crate::stateful::{EventTime, OutputMode, StatefulAggregate, WindowFunction};
 use crate::{Error, FailPoint, Result, Trigger};
 
 /// The query text or plan, as given to the builder.
@@ -75,6 +76,8 @@ pub struct QueryBuilder {
     min_batches_to_retain: u64,
     fail_point: Option<(FailPoint, u64)>,
     job: Option<lakestream_job::Job>,
+    output_mode: OutputMode,
+    event_times: BTreeMap<String, EventTime>,
 }
 
 impl Default for QueryBuilder {
@@ -94,6 +97,9 @@ impl QueryBuilder {
     /// A builder on an existing DataFusion session (its functions, settings
     /// and tables are visible to the query).
     pub fn with_context(ctx: SessionContext) -> Self {
+        if datafusion::execution::FunctionRegistry::udf(&ctx, "window").is_err() {
+            ctx.register_udf(WindowFunction::udf());
+        }
         Self {
             ctx,
             tables: Vec::new(),
@@ -108,6 +114,8 @@ impl QueryBuilder {
             min_batches_to_retain: DEFAULT_MIN_BATCHES_TO_RETAIN,
             fail_point: None,
             job: None,
+            output_mode: OutputMode::default(),
+            event_times: BTreeMap::new(),
         }
     }
 
@@ -212,6 +220,29 @@ impl QueryBuilder {
         self
     }
 
+    /// When the groups of an aggregation are written (default
+    /// [`OutputMode::Append`]).
+    pub fn output_mode(mut self, mode: OutputMode) -> Self {
+        self.output_mode = mode;
+        self
+    }
+
+    /// Give the stream `source` an event time: its timestamp `column`, and
+    /// a watermark that trails the largest event time seen by `delay`.
+    /// Rows reaching an aggregation after the watermark passed their
+    /// window's end are dropped (and counted); windows are written once
+    /// the watermark passes their end.
+    pub fn event_time(mut self, source: &str, column: &str, delay: Duration) -> Self {
+        self.event_times.insert(
+            source.to_string(),
+            EventTime {
+                column: column.to_string(),
+                delay,
+            },
+        );
+        self
+    }
+
     pub(crate) fn logical_plan(mut self, plan: LogicalPlan) -> Self {
         self.query = Some(QuerySpec::Plan(plan));
         self
@@ -266,9 +297,14 @@ impl QueryBuilder {
             Some(QuerySpec::Plan(p)) => p,
             Some(QuerySpec::Sql(sql)) => {
                 let state = self.ctx.state();
-                let stmt = state
+                let mut stmt = state
                     .sql_to_statement(&sql, &datafusion::config::Dialect::Generic)
                     .map_err(|e| Error::Plan(Box::new(e)))?;
+                if let datafusion::sql::parser::Statement::Statement(s) = &mut stmt
+                    && let datafusion::sql::sqlparser::ast::Statement::Query(q) = s.as_mut()
+                {
+                    lakestream_job::window::rewrite_window_references(q);
+                }
                 state
                     .statement_to_plan(stmt)
                     .await
@@ -292,6 +328,97 @@ impl QueryBuilder {
             return Err(Error::InvalidQuery(problem));
         }
         let output_schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+        let user_error = |msg: String| -> Error {
+            match &self.job {
+                Some(job) => Error::from(job.error(job.insert.pos, msg)),
+                None => Error::InvalidQuery(msg),
+            }
+        };
+        for (source, et) in &self.event_times {
+            let Some(t) = self
+                .tables
+                .iter()
+                .find(|t| t.source().name().eq_ignore_ascii_case(source))
+            else {
+                return Err(user_error(format!(
+                    "an event time is set for {source}, which is not a stream of this query"
+                )));
+            };
+            let schema = t.source().schema();
+            match schema.field_with_name(&et.column).map(|f| f.data_type()) {
+                Ok(arrow::datatypes::DataType::Timestamp(_, _)) => {}
+                Ok(other) => {
+                    return Err(user_error(format!(
+                        "the event time column {} of {source} is {other}, not a timestamp; \
+                         declare it TIMESTAMP",
+                        et.column
+                    )));
+                }
+                Err(_) => {
+                    return Err(user_error(format!(
+                        "the event time column {} is not a column of {source}",
+                        et.column
+                    )));
+                }
+            }
+        }
+        let stateful_logical = lakestream_job::stateful_aggregate(&plan, &is_stream).is_some();
+        let stateful = if stateful_logical {
+            // The batch plans' shape, from a plan over no input.
+            let mut state = self.ctx.state();
+            state
+                .config_mut()
+                .set_extension(Arc::new(BatchScans::default()));
+            let physical = state
+                .create_physical_plan(&plan)
+                .await
+                .map_err(|e| Error::Plan(Box::new(e)))?;
+            let agg = StatefulAggregate::new(
+                &physical,
+                &lakestream_storage::Location::parse(&checkpoint, &self.checkpoint_options)?,
+                self.output_mode,
+                self.event_times.clone(),
+            )?
+            .ok_or_else(|| {
+                Error::Internal("the query's aggregation is missing from its plan".into())
+            })?;
+            match self.output_mode {
+                OutputMode::Append if !agg.is_windowed() => {
+                    return Err(user_error(
+                        "an aggregation over a stream without an event-time window cannot \
+                         run in append mode: its groups never close, so none would ever be \
+                         written; group by window(<event time>, '<size>') with the stream's \
+                         'event_time' and 'watermark_delay' options set (update and complete \
+                         output modes, which write open groups, are not supported yet)"
+                            .into(),
+                    ));
+                }
+                OutputMode::Append if agg.event_times().is_empty() => {
+                    return Err(user_error(
+                        "a windowed aggregation in append mode writes a window once the \
+                         watermark passes its end, and this query has no watermark: set \
+                         OPTIONS ('event_time' '<timestamp column>', 'watermark_delay' \
+                         '1 minute') on the stream table"
+                            .into(),
+                    ));
+                }
+                OutputMode::Append => {}
+                OutputMode::Update | OutputMode::Complete => {
+                    return Err(user_error(format!(
+                        "output_mode '{}' is not supported yet; use 'append' with an \
+                         event-time window",
+                        if self.output_mode == OutputMode::Update {
+                            "update"
+                        } else {
+                            "complete"
+                        }
+                    )));
+                }
+            }
+            Some(agg)
+        } else {
+            None
+        };
         let ckpt = Checkpoint::open(&checkpoint, &self.checkpoint_options).await?;
         // Before the sink creates anything: a checkpoint of another query
         // would apply its offsets to input they do not describe.
@@ -324,6 +451,7 @@ impl QueryBuilder {
             snapshot_interval: self.snapshot_interval,
             min_batches_to_retain: self.min_batches_to_retain,
             fail_point: self.fail_point,
+            stateful,
         })
     }
 }

@@ -96,6 +96,8 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
                     let Some(query) = &ins.source else {
                         return Err(err(pos, "INSERT INTO needs a SELECT".into()));
                     };
+                    let mut rewritten = query.clone();
+                    crate::window::rewrite_window_references(&mut rewritten);
                     insert = Some(InsertDecl {
                         target: target
                             .0
@@ -103,7 +105,7 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
                             .map(|p| p.to_string().trim_matches('"').to_string())
                             .unwrap_or_default(),
                         columns: ins.columns.iter().map(|c| c.to_string()).collect(),
-                        query: Statement::Statement(Box::new(ast::Statement::Query(query.clone()))),
+                        query: Statement::Statement(Box::new(ast::Statement::Query(rewritten))),
                         pos: span_pos(&query.span()).unwrap_or(pos),
                     });
                 }

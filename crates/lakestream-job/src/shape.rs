@@ -1,13 +1,14 @@
-//! The streaming-shape check: which queries a stateless micro-batch can
-//! run.
+//! The streaming-shape check: which queries micro-batches can run, and
+//! the one aggregation that runs statefully.
 
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan};
 
 use crate::{Job, Result};
 
-/// Refuse plans a stateless micro-batch cannot run correctly: aggregation,
-/// window, sort, limit or distinct over a streaming table, or a join of two
-/// streams. `is_stream` tells whether a table name is a stream.
+/// Refuse plans a micro-batch cannot run correctly (see
+/// [`streaming_plan_problem`]). `is_stream` tells whether a table name is
+/// a stream.
 pub fn check_streaming_plan(
     job: &Job,
     plan: &LogicalPlan,
@@ -19,31 +20,93 @@ pub fn check_streaming_plan(
     }
 }
 
-/// What makes `plan` unfit for stateless micro-batches, if anything (see
-/// [`check_streaming_plan`]).
+/// The stateful aggregation of `plan`: an `Aggregate` over a stream with
+/// only projections, filters (`HAVING`) and aliases above it.
+pub fn stateful_aggregate<'a>(
+    plan: &'a LogicalPlan,
+    is_stream: &dyn Fn(&str) -> bool,
+) -> Option<&'a Aggregate> {
+    let mut node = plan;
+    loop {
+        node = match node {
+            LogicalPlan::Projection(p) => &p.input,
+            LogicalPlan::Filter(f) => &f.input,
+            LogicalPlan::SubqueryAlias(a) => &a.input,
+            LogicalPlan::Aggregate(a) if !streams_in(&a.input, is_stream).is_empty() => {
+                return Some(a);
+            }
+            _ => return None,
+        }
+    }
+}
+
+fn streams_in(plan: &LogicalPlan, is_stream: &dyn Fn(&str) -> bool) -> Vec<String> {
+    let mut found = Vec::new();
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node
+            && is_stream(scan.table_name.table())
+        {
+            found.push(scan.table_name.table().to_string());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// What makes `plan` unfit for micro-batches, if anything: over a stream,
+/// one aggregation (`GROUP BY`, with or without an event-time window) at
+/// the top of the query is run statefully; any other aggregation, a
+/// window function, sort, limit, distinct or subquery over a stream, a
+/// join of two streams, grouping sets and `DISTINCT` aggregates are
+/// refused.
 pub fn streaming_plan_problem(
     plan: &LogicalPlan,
     is_stream: &dyn Fn(&str) -> bool,
 ) -> Option<String> {
-    fn streams_in(plan: &LogicalPlan, is_stream: &dyn Fn(&str) -> bool) -> Vec<String> {
-        let mut found = Vec::new();
-        let _ = plan.apply_with_subqueries(|node| {
-            if let LogicalPlan::TableScan(scan) = node
-                && is_stream(scan.table_name.table())
-            {
-                found.push(scan.table_name.table().to_string());
-            }
-            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
-        });
-        found
+    let stateful = stateful_aggregate(plan, is_stream);
+    if let Some(agg) = stateful {
+        let s = streams_in(&agg.input, is_stream).remove(0);
+        if agg
+            .group_expr
+            .iter()
+            .any(|e| matches!(e, Expr::GroupingSet(_)))
+        {
+            return Some(format!(
+                "GROUPING SETS, ROLLUP and CUBE over the streaming table {s} are not supported \
+                 yet; group by plain columns or a window"
+            ));
+        }
+        let mut distinct = None;
+        for e in &agg.aggr_expr {
+            let _ = e.apply(|e| {
+                if let Expr::AggregateFunction(f) = e
+                    && f.params.distinct
+                {
+                    distinct = Some(f.func.name().to_string());
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            });
+        }
+        if let Some(name) = distinct {
+            return Some(format!(
+                "{name}(DISTINCT ...) over the streaming table {s} is not supported yet: its \
+                 state would be every distinct value; use approx_distinct(...) for a count of \
+                 distinct values"
+            ));
+        }
     }
     let mut problem = None;
     // Subqueries in expressions (`IN (SELECT ...)`, scalar subqueries) are
     // visited too: an aggregate over the stream hides there as well.
     let _ = plan.apply_with_subqueries(|node| {
         let what = match node {
+            LogicalPlan::Aggregate(a) if stateful.is_some_and(|s| std::ptr::eq(s, a)) => None,
             LogicalPlan::Subquery(_) => Some("a subquery"),
-            LogicalPlan::Aggregate(_) => Some("an aggregation (GROUP BY or an aggregate function)"),
+            LogicalPlan::Aggregate(_) => Some(
+                "an aggregation (GROUP BY or an aggregate function) other than one at the \
+                 top of the query",
+            ),
             LogicalPlan::Window(_) => Some("a window function"),
             LogicalPlan::Sort(_) => Some("ORDER BY"),
             LogicalPlan::Limit(_) => Some("LIMIT"),
@@ -60,10 +123,10 @@ pub fn streaming_plan_problem(
             if let Some(s) = streams.first() {
                 problem = Some(format!(
                     "{what} over the streaming table {s} is not supported yet: lakestream runs \
-                     stateless queries over each micro-batch (projections, filters, joins with \
-                     static tables)"
+                     projections, filters, joins with static tables and one GROUP BY at the \
+                     top of the query over each micro-batch"
                 ));
-                return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+                return Ok(TreeNodeRecursion::Stop);
             }
         }
         if let LogicalPlan::Join(j) = node {
@@ -74,10 +137,10 @@ pub fn streaming_plan_problem(
                     "a join of two streams ({a} and {b}) is not supported yet: join a stream \
                      with static tables only"
                 ));
-                return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+                return Ok(TreeNodeRecursion::Stop);
             }
         }
-        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        Ok(TreeNodeRecursion::Continue)
     });
     problem
 }

@@ -5,8 +5,10 @@ use std::time::Duration;
 /// The longest duration [`parse_duration`] accepts: a year.
 pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// Parse `500ms`, `10s`, `2m`, `1h`, `7d` (a bare number is seconds). `None` for
-/// anything else, including values above [`MAX_DURATION`].
+/// Parse `500ms`, `10s`, `2m`, `1h`, `7d` (a bare number is seconds), or
+/// the same spelled out as SQL intervals are (`10 seconds`, `1 minute`,
+/// `2 hours`, `1 day`, `1 week`). `None` for anything else, including values
+/// above [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s
@@ -14,12 +16,14 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: f64 = num.parse().ok()?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86400.0,
+    let unit = unit.trim().to_ascii_lowercase();
+    let secs = match unit.as_str() {
+        "ms" | "millisecond" | "milliseconds" => n / 1000.0,
+        "" | "s" | "sec" | "secs" | "second" | "seconds" => n,
+        "m" | "min" | "mins" | "minute" | "minutes" => n * 60.0,
+        "h" | "hour" | "hours" => n * 3600.0,
+        "d" | "day" | "days" => n * 86400.0,
+        "w" | "week" | "weeks" => n * 7.0 * 86400.0,
         _ => return None,
     };
     if !(0.0..=MAX_DURATION.as_secs_f64()).contains(&secs) {
@@ -55,6 +59,20 @@ mod tests {
         assert_eq!(parse_size("64MB"), Some(64 << 20));
         assert_eq!(parse_size("2 GiB"), Some(2 << 30));
         assert_eq!(parse_size("x"), None);
+    }
+
+    #[test]
+    fn durations_spelled_as_sql_intervals_parse() {
+        assert_eq!(parse_duration("1 minute"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_duration("10 Minutes"), Some(Duration::from_secs(600)));
+        assert_eq!(parse_duration("30 seconds"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2 hours"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("1 week"), Some(Duration::from_secs(604_800)));
+        assert_eq!(
+            parse_duration("250 milliseconds"),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(parse_duration("1 fortnight"), None);
     }
 
     #[test]

@@ -167,6 +167,31 @@ impl Location {
         p
     }
 
+    /// The URL of `path` (a path below [`Location::root`]), for messages.
+    pub fn url_of(&self, path: &Path) -> String {
+        let root = self.root.as_ref();
+        let rel = path
+            .as_ref()
+            .strip_prefix(root)
+            .unwrap_or(path.as_ref())
+            .trim_start_matches('/');
+        format!("{}{rel}", self.url)
+    }
+
+    /// The bytes of the object at `path`, or `None` when there is none.
+    pub async fn read(&self, path: &Path) -> Result<Option<bytes::Bytes>> {
+        use object_store::ObjectStoreExt;
+        let store_err = |source| Error::Store {
+            file: self.url_of(path),
+            source,
+        };
+        match self.store.get(path).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(store_err)?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_err(e)),
+        }
+    }
+
     /// The local directory, when the location is on the local file system.
     pub fn local_dir(&self) -> Option<&std::path::Path> {
         self.local_dir.as_deref()

@@ -8,6 +8,8 @@
 //!
 //! - a job statement (`SET ...`, `CREATE [UNBOUNDED] EXTERNAL TABLE ...`,
 //!   `INSERT INTO ...`): added to the job, checked when the job next runs;
+//!   an `INSERT` replaces the job's previous one, so a file can try several
+//!   queries over one set of tables;
 //! - `FEED <table>` followed by lines: one new file with those lines in the
 //!   location of the job's file-source table `<table>` (`JSON`: JSON
 //!   lines; `CSV`: rows, with a header line if the table says so); the
@@ -287,6 +289,10 @@ impl AsyncDB for JobHarness {
         let (verb, rest) = split_verb(&sql);
         match verb.as_str() {
             "SET" | "CREATE" | "INSERT" => {
+                if verb == "INSERT" {
+                    self.statements
+                        .retain(|s| split_verb(s).0.as_str() != "INSERT");
+                }
                 self.statements.push(ensure_semicolon(&sql));
                 Ok(DBOutput::StatementComplete(0))
             }

@@ -14,7 +14,9 @@ use lakestream_sink::{CommitInfo, CommitOutcome};
 use super::Driver;
 use crate::progress::{BatchProgress, Durations, SourceProgress};
 use crate::provider::{BatchRange, BatchScans, source_failure};
+use crate::stateful::StateProgress;
 use crate::{Error, FailPoint, Result};
+use arrow::datatypes::DataType;
 
 impl Driver {
     pub(super) async fn run_batch(
@@ -42,6 +44,8 @@ impl Driver {
             table_version: None,
             skipped: false,
             recovered,
+            watermark_ms: entry.watermark_ms,
+            state: None,
         };
         for t in &self.tables {
             let name = t.source().name();
@@ -91,11 +95,25 @@ impl Driver {
                 );
             }
         }
+        if let Some(st) = &self.stateful {
+            for (source, et) in st.event_times() {
+                let schema = self
+                    .tables
+                    .iter()
+                    .find(|t| t.source().name().eq_ignore_ascii_case(source))
+                    .map(|t| t.source().schema());
+                if let Some(schema) = schema
+                    && let Ok(i) = schema.index_of(&et.column)
+                    && let DataType::Timestamp(unit, _) = schema.field(i).data_type()
+                {
+                    scans.track_event_time(source, i, *unit);
+                }
+            }
+        }
         let scans = Arc::new(scans);
         let t_exec = Instant::now();
-        let staged = self
-            .execute(batch_id, entry.batch_timestamp_ms, scans.clone())
-            .await?;
+        let (staged, state) = self.execute(batch_id, entry, scans.clone()).await?;
+        progress.state = state;
         let mut skipped_input = BTreeMap::new();
         for t in &self.tables {
             let rows = scans.rows(t.source().name());
@@ -193,20 +211,40 @@ impl Driver {
     async fn execute(
         &self,
         batch_id: u64,
-        batch_ts_ms: i64,
+        entry: &OffsetsEntry,
         scans: Arc<BatchScans>,
-    ) -> Result<lakestream_sink::Staged> {
+    ) -> Result<(lakestream_sink::Staged, Option<StateProgress>)> {
         let exec_err = move |e| batch_error(batch_id, e);
         let mut state = self.ctx.state();
-        state.config_mut().set_extension(scans);
+        state.config_mut().set_extension(scans.clone());
         // `now()` and friends see the batch's logged timestamp, so a replay
         // computes what the first attempt computed.
         state.execution_props_mut().query_execution_start_time =
-            chrono::DateTime::from_timestamp_millis(batch_ts_ms);
-        let physical = state
+            chrono::DateTime::from_timestamp_millis(entry.batch_timestamp_ms);
+        let mut physical = state
             .create_physical_plan(&self.plan)
             .await
             .map_err(exec_err)?;
+        // The aggregation runs (and its state is committed, durably) before
+        // the rest of the plan writes the batch's output.
+        let mut state_progress = None;
+        if let Some(st) = &self.stateful {
+            let (plan, p) = st
+                .run(
+                    batch_id,
+                    entry.watermark_ms,
+                    physical,
+                    state.task_ctx(),
+                    &scans,
+                )
+                .await
+                .map_err(|e| match e {
+                    Error::Execution { source, .. } => batch_error(batch_id, *source),
+                    other => other,
+                })?;
+            physical = plan;
+            state_progress = Some(p);
+        }
         // One writer per output partition, each on its own task: decoding,
         // the query and Parquet encoding of a partition run together, and
         // partitions run in parallel. The files of all writers form the
@@ -236,10 +274,11 @@ impl Driver {
                 None => part,
             });
         }
-        match staged {
-            Some(s) => Ok(s),
-            None => Ok(self.sink.begin(batch_id).await?.finish().await?),
-        }
+        let staged = match staged {
+            Some(s) => s,
+            None => self.sink.begin(batch_id).await?.finish().await?,
+        };
+        Ok((staged, state_progress))
     }
 }
 

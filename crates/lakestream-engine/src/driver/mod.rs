@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 use crate::progress::BatchProgress;
 use crate::provider::MicroBatchTable;
 use crate::query::QuerySummary;
+use crate::stateful::StatefulAggregate;
 use crate::{Error, FailPoint, PROGRESS_EVENTS_BUFFER, Result, Trigger};
 use recover::Recovered;
 use wait::{next_trigger, retry_transient, wait};
@@ -39,6 +40,8 @@ pub(crate) struct Driver {
     pub(crate) snapshot_interval: u64,
     pub(crate) min_batches_to_retain: u64,
     pub(crate) fail_point: Option<(FailPoint, u64)>,
+    /// The query's aggregation, when it has one.
+    pub(crate) stateful: Option<StatefulAggregate>,
 }
 
 impl Driver {
@@ -101,6 +104,15 @@ impl Driver {
             }
         }
 
+        // The watermark the last planned batch ran with.
+        let mut watermark = match &self.stateful {
+            Some(_) => self
+                .ckpt
+                .latest_offsets()
+                .await?
+                .and_then(|e| e.watermark_ms),
+            None => None,
+        };
         let mut next_start = Instant::now();
         loop {
             if *stop.borrow() {
@@ -127,6 +139,19 @@ impl Driver {
                     },
                 );
             }
+            let next_watermark = match &self.stateful {
+                Some(st) => st.next_watermark(next_id.checked_sub(1), watermark).await?,
+                None => None,
+            };
+            // A batch without new input still runs when the watermark
+            // closes windows: they are written now, not whenever more
+            // input comes.
+            if !any
+                && let Some(st) = &self.stateful
+                && st.has_output_at(next_watermark).await
+            {
+                any = true;
+            }
             let plan_time = t_plan.elapsed();
             if !any {
                 match self.trigger {
@@ -143,7 +168,8 @@ impl Driver {
                     }
                 }
             }
-            let entry = OffsetsEntry::new(next_id, now_ms(), sources);
+            let mut entry = OffsetsEntry::new(next_id, now_ms(), sources);
+            entry.watermark_ms = next_watermark;
             let t_wa = Instant::now();
             self.ckpt.write_offsets(&entry).await?;
             let wa_time = t_wa.elapsed();
@@ -157,6 +183,7 @@ impl Driver {
                     prev.insert(name, Some(r.end));
                 }
             }
+            watermark = next_watermark;
             next_id += 1;
             match self.trigger {
                 Trigger::Once => break,

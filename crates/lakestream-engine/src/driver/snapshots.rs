@@ -48,7 +48,10 @@ impl Driver {
                 None => return Ok(()),
             }
         }
-        let removed = self.ckpt.purge_before(keep_from).await?;
+        let mut removed = self.ckpt.purge_before(keep_from).await?;
+        if let Some(st) = &self.stateful {
+            removed += st.purge_before(keep_from).await?;
+        }
         if removed > 0 {
             tracing::debug!(
                 batch_id,

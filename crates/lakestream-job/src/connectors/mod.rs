@@ -149,7 +149,8 @@ impl Connectors {
                 one_of(self.sources.keys())
             )));
         };
-        ctx.check_options(c.options(), c.passthrough_prefix())?;
+        let allowed: Vec<&str> = c.options().iter().chain(STREAM_OPTIONS).copied().collect();
+        ctx.check_options(&allowed, c.passthrough_prefix())?;
         c.create(&ctx).await
     }
 
@@ -178,10 +179,19 @@ impl Connectors {
         if t.unbounded {
             return Err(ctx.error(format!("the output table {} cannot be UNBOUNDED", t.name)));
         }
-        ctx.check_options(c.options(), None)?;
+        let allowed: Vec<&str> = c.options().iter().chain(OUTPUT_OPTIONS).copied().collect();
+        ctx.check_options(&allowed, None)?;
         c.create(&ctx).await
     }
 }
+
+/// Options every stream table takes, whatever its connector: its event
+/// time column and watermark delay (read by the engine).
+pub const STREAM_OPTIONS: &[&str] = &["event_time", "watermark_delay"];
+
+/// Options every output table takes, whatever its connector: when an
+/// aggregation's groups are written (read by the engine).
+pub const OUTPUT_OPTIONS: &[&str] = &["output_mode"];
 
 /// `A`, `A or B`, `A, B or C`.
 fn one_of<'a>(names: impl Iterator<Item = &'a String>) -> String {

@@ -223,3 +223,87 @@ async fn a_commit_whose_answer_was_lost_fails_the_run_and_the_restart_skips_the_
     }
     assert_eq!(seen.len(), 1000);
 }
+
+#[tokio::test]
+async fn a_windowed_count_writes_each_window_once_when_the_watermark_passes_it() {
+    use lakestream::sink::memory::MemorySink;
+    let dir = tempfile::tempdir().unwrap();
+    let sink = MemorySink::new("out");
+    // Row i has event time 2026-01-01 + i ms: 10 one-second windows of 1000
+    // rows, read 1000 rows a batch.
+    let mut handle = QueryBuilder::new()
+        .source(generator(10_000, 1000))
+        .unwrap()
+        .sql(
+            "SELECT window.start AS second, window.end, count(*) AS n, min(ts) AS first \
+             FROM events GROUP BY window(ts, '1 second')",
+        )
+        .event_time("events", "ts", Duration::ZERO)
+        .sink(Arc::new(sink.clone()))
+        .checkpoint(dir.path().join("ckpt").to_str().unwrap())
+        .trigger(Trigger::AvailableNow)
+        .start()
+        .await
+        .unwrap();
+    let mut events = handle.take_progress_events().unwrap();
+    let summary = handle.await_termination().await.unwrap();
+    let mut progress = Vec::new();
+    while let Ok(p) = events.try_recv() {
+        progress.push(p);
+    }
+    // Batch N runs with the watermark of the newest event read through
+    // batch N-1 (delay 0): 999 ms into the window batch N-1 read, so the
+    // window before that one, whose end it has passed, is written by batch
+    // N, whole. After the input ends, one batch without input writes the
+    // window the watermark closed last.
+    assert_eq!(summary.batches, 11, "{progress:#?}");
+    let start_ms = 1_767_225_600_000i64;
+    assert_eq!(progress[0].watermark_ms, None);
+    for (n, p) in progress.iter().enumerate().skip(1) {
+        assert_eq!(
+            p.watermark_ms,
+            Some(start_ms + n as i64 * 1000 - 1),
+            "batch {n}"
+        );
+        let written = u64::from(n >= 2);
+        assert_eq!(p.output_rows, written, "batch {n}");
+        let state = p.state.as_ref().unwrap();
+        assert_eq!(state.rows_evicted, written, "batch {n}");
+        assert_eq!(
+            state.rows,
+            if n == 10 { 1 } else { 2 },
+            "batch {n}: windows open"
+        );
+        assert_eq!(state.rows_dropped_by_watermark, 0, "batch {n}");
+    }
+    let mut windows: Vec<(i64, i64, i64, i64)> = Vec::new();
+    for b in sink.batches() {
+        let start = b
+            .column(0)
+            .as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        let end = b
+            .column(1)
+            .as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        let n = b.column(2).as_primitive::<arrow::datatypes::Int64Type>();
+        let first = b
+            .column(3)
+            .as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        for i in 0..b.num_rows() {
+            windows.push((start.value(i), end.value(i), n.value(i), first.value(i)));
+        }
+    }
+    windows.sort();
+    let expected: Vec<(i64, i64, i64, i64)> = (0..9)
+        .map(|s| {
+            let us = (start_ms + s * 1000) * 1000;
+            (us, us + 1_000_000, 1000, us)
+        })
+        .collect();
+    // The last window (9 s) stays open: no event has passed its end.
+    assert_eq!(windows, expected);
+    // Its state is in the checkpoint.
+    let state_files = std::fs::read_dir(dir.path().join("ckpt/state/aggregate"))
+        .unwrap()
+        .count();
+    assert!(state_files >= 10, "{state_files} state files");
+}

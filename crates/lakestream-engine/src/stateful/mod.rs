@@ -1,0 +1,593 @@
+//! Stateful aggregation over a stream: `GROUP BY` (with or without an
+//! event-time window) computed incrementally, batch by batch, with the
+//! groups' partial aggregates kept in a [`StateStore`] under the
+//! checkpoint.
+//!
+//! DataFusion plans the query as usual; each batch, [`StatefulAggregate::run`]
+//! finds the aggregation in the batch's physical plan and replaces it:
+//! 1. rows of the batch whose window has already closed (its end at or
+//!    before the batch's watermark) are dropped and counted, as are rows
+//!    without an event time;
+//! 2. a `Partial` aggregation of the remaining rows gives each group's
+//!    partial state for this batch;
+//! 3. those are merged (`PartialReduce`) with the stored states of the same
+//!    groups only, so a batch costs what it touches, not the state's size;
+//! 4. in `append` mode the groups whose window ended at or before the
+//!    watermark are evicted and finalized (`Final`): they are the batch's
+//!    output, written once, never updated;
+//! 5. the state's changes are committed as of this batch (durable before
+//!    the sink commits it), with the largest event time seen per source,
+//!    from which the next batch's watermark is derived.
+//!
+//! The watermark of batch N+1 is `max(watermark of N, min over sources of
+//! (largest event time seen through N − the source's delay))`, fixed in
+//! `offsets/N+1` before the batch runs, so a replay drops and emits exactly
+//! what the first attempt did.
+
+pub(crate) mod window;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
+use arrow::compute::{cast, concat_batches, filter_record_batch};
+use arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::physical_plan::udaf::AggregateFunctionExpr;
+use datafusion::physical_plan::{
+    ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream, collect,
+};
+use futures::StreamExt;
+use lakestream_state::StateStore;
+use lakestream_storage::Location;
+use serde::Serialize;
+
+use crate::provider::BatchScans;
+use crate::{Error, Result};
+
+pub(crate) use window::WindowFunction;
+
+/// When the groups of a stateful query are written to the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputMode {
+    /// Each group once, final, when the watermark passes its window's end
+    /// (the default; needs a window and a watermark).
+    #[default]
+    Append,
+    /// The groups a batch changed, merged into the table by the group keys.
+    Update,
+    /// The whole result, rewritten by every batch.
+    Complete,
+}
+
+impl OutputMode {
+    /// Parse `append`, `update` or `complete` (any case).
+    pub fn parse(v: &str) -> Option<Self> {
+        match v.to_ascii_lowercase().as_str() {
+            "append" => Some(Self::Append),
+            "update" => Some(Self::Update),
+            "complete" => Some(Self::Complete),
+            _ => None,
+        }
+    }
+}
+
+/// A stream's event time: its column and how late its rows may arrive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventTime {
+    /// The timestamp column.
+    pub column: String,
+    /// How far behind the largest event time seen the watermark stays.
+    pub delay: std::time::Duration,
+}
+
+/// A stateful operator's figures for one batch.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct StateProgress {
+    /// The operator (`aggregate`).
+    pub operator: String,
+    /// Keys held after the batch.
+    pub rows: u64,
+    /// Bytes of the keys and values held.
+    pub bytes: u64,
+    /// Groups the batch changed.
+    pub rows_updated: u64,
+    /// Groups the batch finalized and removed.
+    pub rows_evicted: u64,
+    /// Input rows dropped because their window had already closed.
+    pub rows_dropped_by_watermark: u64,
+    /// Input rows dropped because their event time was NULL.
+    pub rows_without_event_time: u64,
+}
+
+/// The aggregation of a stateful query (see the module docs).
+pub(crate) struct StatefulAggregate {
+    store: tokio::sync::Mutex<StateStore>,
+    /// The index of the window among the group keys, and its time unit.
+    window: Option<(usize, TimeUnit)>,
+    mode: OutputMode,
+    /// Event time per source name.
+    event_times: BTreeMap<String, EventTime>,
+}
+
+/// The aggregation found in a batch's physical plan.
+struct Found {
+    /// The node to replace by the batch's output.
+    top: Arc<dyn ExecutionPlan>,
+    group_by: Arc<PhysicalGroupBy>,
+    aggr: Vec<Arc<AggregateFunctionExpr>>,
+    filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
+    /// The aggregation's input rows.
+    raw: Arc<dyn ExecutionPlan>,
+    input_schema: SchemaRef,
+    /// The window among the group keys: index, expression, unit.
+    window: Option<(usize, Arc<dyn PhysicalExpr>, TimeUnit)>,
+}
+
+impl Found {
+    fn partial(&self, input: Arc<dyn ExecutionPlan>) -> DfResult<AggregateExec> {
+        AggregateExec::try_new(
+            AggregateMode::Partial,
+            self.group_by.clone(),
+            self.aggr.clone(),
+            self.filters.clone(),
+            input,
+            self.input_schema.clone(),
+        )
+    }
+
+    fn over_states(
+        &self,
+        mode: AggregateMode,
+        states: Vec<RecordBatch>,
+        schema: &SchemaRef,
+    ) -> DfResult<AggregateExec> {
+        AggregateExec::try_new(
+            mode,
+            Arc::new(self.group_by.as_final()),
+            self.aggr.clone(),
+            vec![None; self.aggr.len()],
+            MemorySourceConfig::try_new_exec(&[states], schema.clone(), None)?,
+            self.input_schema.clone(),
+        )
+    }
+}
+
+fn internal(msg: String) -> DataFusionError {
+    DataFusionError::Internal(msg)
+}
+
+/// The stateful aggregation of `plan`, if it has one.
+fn find(plan: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Found>> {
+    let mut top = None;
+    plan.apply(|node| {
+        if node.downcast_ref::<AggregateExec>().is_some() {
+            top = Some(node.clone());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let Some(top) = top else { return Ok(None) };
+    let agg = top
+        .downcast_ref::<AggregateExec>()
+        .expect("found as an AggregateExec");
+    let partial = match agg.mode() {
+        AggregateMode::Single | AggregateMode::SinglePartitioned => agg,
+        AggregateMode::Final | AggregateMode::FinalPartitioned => {
+            let mut cur = agg.input();
+            loop {
+                if let Some(a) = cur.downcast_ref::<AggregateExec>() {
+                    if *a.mode() != AggregateMode::Partial {
+                        return Err(internal(format!(
+                            "a stateful query plans two aggregations ({:?} under {:?})",
+                            a.mode(),
+                            agg.mode()
+                        )));
+                    }
+                    break a;
+                }
+                match cur.children().as_slice() {
+                    [one] => cur = one,
+                    _ => {
+                        return Err(internal(format!(
+                            "no partial aggregation under the {:?} aggregation",
+                            agg.mode()
+                        )));
+                    }
+                }
+            }
+        }
+        other => {
+            return Err(internal(format!(
+                "a stateful query's top aggregation is {other:?}"
+            )));
+        }
+    };
+    let group_by = partial.group_expr().clone();
+    if group_by.has_grouping_set() {
+        return Err(DataFusionError::Plan(
+            "GROUPING SETS, ROLLUP and CUBE over a stream are not supported yet".into(),
+        ));
+    }
+    let window = group_by.expr().iter().enumerate().find_map(|(i, (e, _))| {
+        let f = e.downcast_ref::<ScalarFunctionExpr>()?;
+        if f.name() != "window" {
+            return None;
+        }
+        match f.return_type() {
+            DataType::Struct(fields) => match fields.first()?.data_type() {
+                DataType::Timestamp(unit, _) => Some((i, e.clone(), *unit)),
+                _ => None,
+            },
+            _ => None,
+        }
+    });
+    Ok(Some(Found {
+        top: top.clone(),
+        group_by: Arc::new(group_by),
+        aggr: partial.aggr_expr().to_vec(),
+        filters: partial.filter_expr().to_vec(),
+        raw: partial.input().clone(),
+        input_schema: partial.input_schema(),
+        window,
+    }))
+}
+
+impl StatefulAggregate {
+    /// The stateful aggregation of a query whose batch plans look like
+    /// `plan`, keeping its state under the checkpoint at `checkpoint`.
+    /// `None` when the plan has no aggregation.
+    pub(crate) fn new(
+        plan: &Arc<dyn ExecutionPlan>,
+        checkpoint: &Location,
+        mode: OutputMode,
+        event_times: BTreeMap<String, EventTime>,
+    ) -> Result<Option<Self>> {
+        let Some(found) = find(plan).map_err(|e| Error::Plan(Box::new(e)))? else {
+            return Ok(None);
+        };
+        let schema = found
+            .partial(found.raw.clone())
+            .map_err(|e| Error::Plan(Box::new(e)))?
+            .schema();
+        let keys = found.group_by.expr().len();
+        let store = StateStore::new(checkpoint.clone(), "aggregate", schema, keys)?;
+        Ok(Some(Self {
+            store: tokio::sync::Mutex::new(store),
+            window: found.window.as_ref().map(|(i, _, u)| (*i, *u)),
+            mode,
+            event_times,
+        }))
+    }
+
+    /// True when the aggregation groups by an event-time window.
+    pub(crate) fn is_windowed(&self) -> bool {
+        self.window.is_some()
+    }
+
+    /// The event-time column per source name.
+    pub(crate) fn event_times(&self) -> &BTreeMap<String, EventTime> {
+        &self.event_times
+    }
+
+    /// The watermark for the batch after `last` (`None`: before the first
+    /// batch), given the watermark `prev` that batch `last` ran with.
+    pub(crate) async fn next_watermark(
+        &self,
+        last: Option<u64>,
+        prev: Option<i64>,
+    ) -> Result<Option<i64>> {
+        let mut store = self.store.lock().await;
+        if !store.is_at(last) {
+            store.load(last).await?;
+        }
+        let seen = event_time_max(store.meta());
+        let candidate = self
+            .event_times
+            .iter()
+            .filter_map(|(source, et)| {
+                let max = seen.get(source)?;
+                Some(max.saturating_sub(et.delay.as_millis() as i64))
+            })
+            .min();
+        Ok(match (prev, candidate) {
+            (Some(p), Some(c)) => Some(p.max(c)),
+            (p, c) => p.or(c),
+        })
+    }
+
+    /// True when a batch without new input would emit rows: in `append`
+    /// mode, some window held ends at or before `watermark`.
+    pub(crate) async fn has_output_at(&self, watermark: Option<i64>) -> bool {
+        let (Some((_, unit)), Some(w), OutputMode::Append) = (self.window, watermark, self.mode)
+        else {
+            return false;
+        };
+        let store = self.store.lock().await;
+        store
+            .first_bucket()
+            .is_some_and(|b| b <= window::ms_in(unit, w))
+    }
+
+    /// Run the aggregation of batch `batch_id` (watermark `watermark_ms`):
+    /// returns `plan` with the aggregation replaced by the batch's output
+    /// groups, after committing the state as of this batch.
+    pub(crate) async fn run(
+        &self,
+        batch_id: u64,
+        watermark_ms: Option<i64>,
+        plan: Arc<dyn ExecutionPlan>,
+        ctx: Arc<TaskContext>,
+        scans: &BatchScans,
+    ) -> Result<(Arc<dyn ExecutionPlan>, StateProgress)> {
+        let df = |e: DataFusionError| Error::Execution {
+            batch_id,
+            source: Box::new(e),
+        };
+        let found = find(&plan).map_err(df)?.ok_or_else(|| {
+            Error::Internal(format!(
+                "batch {batch_id}: the aggregation is gone from the plan"
+            ))
+        })?;
+        let mut store = self.store.lock().await;
+        let prev = batch_id.checked_sub(1);
+        if !store.is_at(prev) {
+            store.load(prev).await?;
+        }
+        let schema = store.schema().clone();
+        let threshold = match (self.window, watermark_ms) {
+            (Some((_, unit)), Some(w)) => Some(window::ms_in(unit, w)),
+            _ => None,
+        };
+        let dropped = Arc::new(AtomicU64::new(0));
+        let no_time = Arc::new(AtomicU64::new(0));
+        let raw = match &found.window {
+            Some((_, expr, _)) => late_filter(
+                found.raw.clone(),
+                expr.clone(),
+                threshold,
+                dropped.clone(),
+                no_time.clone(),
+                ctx.clone(),
+            )
+            .map_err(df)?,
+            None => found.raw.clone(),
+        };
+        let partial = found.partial(raw).map_err(df)?;
+        let parts = collect(Arc::new(partial), ctx.clone()).await.map_err(df)?;
+        let mut progress = StateProgress {
+            operator: store.operator().to_string(),
+            ..Default::default()
+        };
+        let parts = rebatch(&schema, parts).map_err(df)?;
+        if !parts.is_empty() {
+            let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
+            let buckets = self.buckets(&new).map_err(df)?;
+            let mut input = vec![new];
+            input.extend(store.lookup(&input[0], &buckets)?);
+            let merge = found
+                .over_states(AggregateMode::PartialReduce, input, &schema)
+                .map_err(df)?;
+            let merged = rebatch(
+                &schema,
+                collect(Arc::new(merge), ctx.clone()).await.map_err(df)?,
+            )
+            .map_err(df)?;
+            for b in merged {
+                progress.rows_updated += b.num_rows() as u64;
+                let buckets = self.buckets(&b).map_err(df)?;
+                store.upsert(&b, &buckets)?;
+            }
+        }
+        let finished = match (self.mode, threshold) {
+            (OutputMode::Append, Some(t)) => store.evict_through(t)?,
+            _ => None,
+        };
+        let top_schema = found.top.schema();
+        let mut out = Vec::new();
+        if let Some(states) = finished {
+            progress.rows_evicted = states.num_rows() as u64;
+            let fin = found
+                .over_states(AggregateMode::Final, vec![states], &schema)
+                .map_err(df)?;
+            out =
+                rebatch(&top_schema, collect(Arc::new(fin), ctx).await.map_err(df)?).map_err(df)?;
+        }
+        let mut seen = event_time_max(store.meta());
+        for source in self.event_times.keys() {
+            if let Some(max) = scans.event_time_max_ms(source) {
+                let e = seen.entry(source.clone()).or_insert(max);
+                *e = (*e).max(max);
+            }
+        }
+        store
+            .commit(batch_id, serde_json::json!({ "event_time_max_ms": seen }))
+            .await?;
+        progress.rows = store.rows();
+        progress.bytes = store.bytes();
+        progress.rows_dropped_by_watermark = dropped.load(Ordering::Relaxed);
+        progress.rows_without_event_time = no_time.load(Ordering::Relaxed);
+        drop(store);
+
+        let leaf: Arc<dyn ExecutionPlan> =
+            MemorySourceConfig::try_new_exec(&[out], top_schema, None).map_err(df)?;
+        let top = found.top.clone();
+        let plan = plan
+            .transform_down(|node| {
+                Ok(if Arc::ptr_eq(&node, &top) {
+                    Transformed::new(leaf.clone(), true, TreeNodeRecursion::Jump)
+                } else {
+                    Transformed::no(node)
+                })
+            })
+            .map_err(df)?
+            .data;
+        Ok((plan, progress))
+    }
+
+    /// Remove the state files no restart can need once batches before
+    /// `keep_from` are never replayed.
+    pub(crate) async fn purge_before(&self, keep_from: u64) -> Result<usize> {
+        Ok(self.store.lock().await.purge_before(keep_from).await?)
+    }
+
+    /// The bucket of each row of `states`: its window's end, or `i64::MAX`
+    /// (never evicted) without a window.
+    fn buckets(&self, states: &RecordBatch) -> DfResult<Vec<i64>> {
+        let Some((i, _)) = self.window else {
+            return Ok(vec![i64::MAX; states.num_rows()]);
+        };
+        let ends = window_ends(states.column(i))?;
+        Ok(ends.iter().map(|e| e.unwrap_or(i64::MAX)).collect())
+    }
+}
+
+/// The `end` of each window in `windows` (a `window(...)` struct column),
+/// in the timestamps' own unit.
+fn window_ends(windows: &ArrayRef) -> DfResult<arrow::array::PrimitiveArray<Int64Type>> {
+    let s = windows
+        .as_struct_opt()
+        .ok_or_else(|| internal(format!("a window column of type {}", windows.data_type())))?;
+    let end = s.column(1);
+    let ends = cast(end, &DataType::Int64)?;
+    let ends = ends.as_primitive::<Int64Type>().clone();
+    // A NULL window (a NULL event time) has no end, whatever the child holds.
+    Ok(match s.nulls() {
+        Some(n) => {
+            let merged = arrow::buffer::NullBuffer::union(Some(n), ends.nulls());
+            arrow::array::PrimitiveArray::<Int64Type>::new(ends.values().clone(), merged)
+        }
+        None => ends,
+    })
+}
+
+fn event_time_max(meta: &serde_json::Value) -> BTreeMap<String, i64> {
+    meta.get("event_time_max_ms")
+        .and_then(|m| serde_json::from_value(m.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Batches of `schema` with the columns of `batches` (the same types;
+/// field names and nullability may differ), the empty ones left out.
+fn rebatch(schema: &SchemaRef, batches: Vec<RecordBatch>) -> DfResult<Vec<RecordBatch>> {
+    batches
+        .into_iter()
+        .filter(|b| b.num_rows() > 0)
+        .map(|b| {
+            RecordBatch::try_new(schema.clone(), b.columns().to_vec())
+                .map_err(DataFusionError::from)
+        })
+        .collect()
+}
+
+/// `raw` without the rows whose window (`window`, evaluated on them) ends
+/// at or before `threshold` (counted in `dropped`) or is NULL (counted in
+/// `no_time`).
+fn late_filter(
+    raw: Arc<dyn ExecutionPlan>,
+    window: Arc<dyn PhysicalExpr>,
+    threshold: Option<i64>,
+    dropped: Arc<AtomicU64>,
+    no_time: Arc<AtomicU64>,
+    ctx: Arc<TaskContext>,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let schema = raw.schema();
+    let mut partitions: Vec<Arc<dyn PartitionStream>> = Vec::new();
+    for i in 0..raw.output_partitioning().partition_count() {
+        let input = raw.execute(i, ctx.clone())?;
+        let (window, dropped, no_time) = (window.clone(), dropped.clone(), no_time.clone());
+        let stream = input.map(move |batch| {
+            let batch = batch?;
+            let windows = window.evaluate(&batch)?.into_array(batch.num_rows())?;
+            let ends = window_ends(&windows)?;
+            let mut late = 0;
+            let mut missing = 0;
+            let keep: BooleanArray = ends
+                .iter()
+                .map(|e| {
+                    Some(match (e, threshold) {
+                        (None, _) => {
+                            missing += 1;
+                            false
+                        }
+                        (Some(end), Some(t)) if end <= t => {
+                            late += 1;
+                            false
+                        }
+                        _ => true,
+                    })
+                })
+                .collect();
+            dropped.fetch_add(late, Ordering::Relaxed);
+            no_time.fetch_add(missing, Ordering::Relaxed);
+            if late + missing == 0 {
+                return Ok(batch);
+            }
+            Ok(filter_record_batch(&batch, &keep)?)
+        });
+        partitions.push(Arc::new(Once {
+            schema: schema.clone(),
+            stream: std::sync::Mutex::new(Some(Box::pin(RecordBatchStreamAdapter::new(
+                schema.clone(),
+                stream,
+            )))),
+        }));
+    }
+    if partitions.is_empty() {
+        partitions.push(Arc::new(Once {
+            schema: schema.clone(),
+            stream: std::sync::Mutex::new(Some(Box::pin(RecordBatchStreamAdapter::new(
+                schema.clone(),
+                futures::stream::empty(),
+            )))),
+        }));
+    }
+    Ok(Arc::new(StreamingTableExec::try_new(
+        schema,
+        partitions,
+        None,
+        Vec::new(),
+        false,
+        None,
+    )?))
+}
+
+/// A stream that is executed once.
+struct Once {
+    schema: SchemaRef,
+    stream: std::sync::Mutex<Option<SendableRecordBatchStream>>,
+}
+
+impl std::fmt::Debug for Once {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Once")
+    }
+}
+
+impl PartitionStream for Once {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        match self.stream.lock().expect("partition lock").take() {
+            Some(s) => s,
+            None => Box::pin(RecordBatchStreamAdapter::new(
+                self.schema.clone(),
+                futures::stream::once(async {
+                    Err(DataFusionError::Internal(
+                        "a stateful partition was executed twice".into(),
+                    ))
+                }),
+            )),
+        }
+    }
+}

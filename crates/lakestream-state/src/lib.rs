@@ -1,0 +1,839 @@
+//! Operator state of lakestream's stateful queries.
+//!
+//! A [`StateStore`] holds one operator's keyed state (say, the partial
+//! aggregates of every open window) as Arrow rows in memory, grouped in
+//! *buckets* by the event time at which they may be evicted (a window's end;
+//! `i64::MAX` for keys that never expire). It is versioned by batch id:
+//! batch N reads the state as of N−1 and [`StateStore::commit`]s N's, durably,
+//! before the sink commits batch N. A replay of N loads N−1 again, so the
+//! table and the state both come out as in a failure-free run.
+//!
+//! On disk, under the checkpoint, `state/<operator>/`:
+//! - `<N>.delta.arrow`: what batch N changed (rows upserted, keys removed),
+//!   written for every batch, empty or not, so the chain of versions has no
+//!   gaps and each carries the operator's metadata (the event times seen);
+//! - `<N>.snapshot.arrow`: the whole state after batch N, every
+//!   [`SNAPSHOT_INTERVAL`] batches, so a restart reads one snapshot and the
+//!   deltas after it rather than the query's whole history.
+//!
+//! Both are Arrow IPC files of the state's columns plus
+//! `__lakestream_bucket` (Int64) and `__lakestream_removed` (Boolean); the
+//! schema's metadata `lakestream.state` holds a JSON object with the format
+//! version, operator, batch id and the operator's metadata. A file whose
+//! columns differ from the running query's is refused: the query changed
+//! in a way its state cannot follow.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, new_null_array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::error::ArrowError;
+use arrow::row::{RowConverter, SortField};
+use futures::TryStreamExt;
+use lakestream_storage::Location;
+use object_store::{ObjectStoreExt, PutPayload};
+
+/// The version of the state file format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// A full snapshot is written after every this many batches.
+pub const SNAPSHOT_INTERVAL: u64 = 10;
+
+const BUCKET: &str = "__lakestream_bucket";
+const REMOVED: &str = "__lakestream_removed";
+const META: &str = "lakestream.state";
+
+/// Errors of the state store; each names the operator and, where there is
+/// one, the file.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading or writing a state file failed.
+    #[error(transparent)]
+    Storage(#[from] lakestream_storage::Error),
+    /// A state file cannot be read.
+    #[error(
+        "the state file {file} is corrupt ({reason}); restore it from a backup, or start the \
+         query with a new checkpoint (its state is rebuilt from the input that checkpoint reads)"
+    )]
+    Corrupt {
+        /// The file's URL.
+        file: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A version the query needs has no file.
+    #[error(
+        "the state of operator {operator} as of batch {batch_id} is missing ({file} not found); \
+         was the checkpoint's state/ directory removed, or was this checkpoint written by a \
+         query without this operator? Start with a new checkpoint"
+    )]
+    Missing {
+        /// The operator.
+        operator: String,
+        /// The batch whose state is missing.
+        batch_id: u64,
+        /// The file that should hold it.
+        file: String,
+    },
+    /// The stored state has other columns than the running query keeps.
+    #[error(
+        "the state of operator {operator} in {file} was written by a different query: it keeps \
+         ({found}) where this query keeps ({expected}); a changed GROUP BY or aggregate cannot \
+         reuse the old state: start the changed query with a new checkpoint"
+    )]
+    Changed {
+        /// The operator.
+        operator: String,
+        /// The file read.
+        file: String,
+        /// Its columns.
+        found: String,
+        /// The running query's columns.
+        expected: String,
+    },
+    /// A column type the store cannot hold.
+    #[error(
+        "operator {operator} cannot keep column {column} of type {data_type} in its state; \
+         change the query so it does not aggregate or group by that type"
+    )]
+    Unsupported {
+        /// The operator.
+        operator: String,
+        /// The column.
+        column: String,
+        /// Its type.
+        data_type: DataType,
+    },
+    /// Arrow failed on rows the store built (a bug).
+    #[error("operator {operator}: {source}; please report this")]
+    Arrow {
+        /// The operator.
+        operator: String,
+        /// Arrow's error.
+        #[source]
+        source: ArrowError,
+    },
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+type Rows = HashMap<Box<[u8]>, Box<[u8]>>;
+
+/// A key's change since the last commit, by `(bucket, key)`: `Some(value)`
+/// upserted, `None` removed.
+type Changes = HashMap<(i64, Box<[u8]>), Option<Box<[u8]>>>;
+
+/// One operator's keyed state (see the crate docs).
+pub struct StateStore {
+    location: Location,
+    operator: String,
+    schema: SchemaRef,
+    keys: usize,
+    key_rows: RowConverter,
+    value_rows: RowConverter,
+    buckets: BTreeMap<i64, Rows>,
+    /// Changes since the last commit.
+    pending: Changes,
+    /// The batch the state in memory is as of (`None`: before the first).
+    version: Option<u64>,
+    loaded: bool,
+    meta: serde_json::Value,
+    rows: u64,
+    bytes: u64,
+    snapshot_interval: u64,
+}
+
+impl std::fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateStore")
+            .field("operator", &self.operator)
+            .field("version", &self.version)
+            .field("rows", &self.rows)
+            .finish()
+    }
+}
+
+impl StateStore {
+    /// A store for `operator` under the checkpoint at `location`, keeping
+    /// rows of `schema`: its first `keys` columns are the key, the rest the
+    /// value. Nothing is read until [`StateStore::load`].
+    pub fn new(location: Location, operator: &str, schema: SchemaRef, keys: usize) -> Result<Self> {
+        let sort_fields = |fields: &[Arc<Field>]| -> Result<Vec<SortField>> {
+            fields
+                .iter()
+                .map(|f| {
+                    let sf = SortField::new(f.data_type().clone());
+                    if RowConverter::supports_fields(std::slice::from_ref(&sf)) {
+                        Ok(sf)
+                    } else {
+                        Err(Error::Unsupported {
+                            operator: operator.to_string(),
+                            column: f.name().clone(),
+                            data_type: f.data_type().clone(),
+                        })
+                    }
+                })
+                .collect()
+        };
+        let fields = schema.fields();
+        let arrow_err = |source| Error::Arrow {
+            operator: operator.to_string(),
+            source,
+        };
+        let key_rows = RowConverter::new(sort_fields(&fields[..keys])?).map_err(arrow_err)?;
+        let value_rows = RowConverter::new(sort_fields(&fields[keys..])?).map_err(arrow_err)?;
+        Ok(Self {
+            location,
+            operator: operator.to_string(),
+            schema,
+            keys,
+            key_rows,
+            value_rows,
+            buckets: BTreeMap::new(),
+            pending: HashMap::new(),
+            version: None,
+            loaded: false,
+            meta: serde_json::Value::Null,
+            rows: 0,
+            bytes: 0,
+            snapshot_interval: SNAPSHOT_INTERVAL,
+        })
+    }
+
+    /// Write a snapshot after every `n` batches instead of
+    /// [`SNAPSHOT_INTERVAL`].
+    pub fn with_snapshot_interval(mut self, n: u64) -> Self {
+        self.snapshot_interval = n.max(1);
+        self
+    }
+
+    /// The operator's name.
+    pub fn operator(&self) -> &str {
+        &self.operator
+    }
+
+    /// The schema of the rows kept (key columns, then value columns).
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// True when the state in memory is the state as of `version`.
+    pub fn is_at(&self, version: Option<u64>) -> bool {
+        self.loaded && self.version == version && self.pending.is_empty()
+    }
+
+    /// The operator metadata committed with the state in memory
+    /// (`null` before the first batch).
+    pub fn meta(&self) -> &serde_json::Value {
+        &self.meta
+    }
+
+    /// Keys held.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Bytes of the keys and values held (their row encoding).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The smallest bucket holding a key, if any.
+    pub fn first_bucket(&self) -> Option<i64> {
+        self.buckets.keys().next().copied()
+    }
+
+    fn file(&self, batch_id: u64, kind: &str) -> object_store::path::Path {
+        self.location
+            .child(&format!("state/{}/{batch_id}.{kind}.arrow", self.operator))
+    }
+
+    fn url(&self, path: &object_store::path::Path) -> String {
+        self.location.url_of(path)
+    }
+
+    fn arrow_err(&self) -> impl Fn(ArrowError) -> Error + '_ {
+        move |source| Error::Arrow {
+            operator: self.operator.clone(),
+            source,
+        }
+    }
+
+    /// Replace the state in memory by the state as of batch `version`
+    /// (`None`: the empty state before the first batch), read from the
+    /// newest snapshot at or before it and the deltas after that.
+    pub async fn load(&mut self, version: Option<u64>) -> Result<()> {
+        self.buckets.clear();
+        self.pending.clear();
+        self.rows = 0;
+        self.bytes = 0;
+        self.meta = serde_json::Value::Null;
+        self.loaded = false;
+        if let Some(v) = version {
+            let (snapshots, deltas) = self.list().await?;
+            let base = snapshots.iter().rev().find(|&&s| s <= v).copied();
+            let first_delta = match base {
+                Some(s) => {
+                    self.apply_file(s, "snapshot").await?;
+                    s + 1
+                }
+                None => deltas.first().copied().unwrap_or(0).min(v),
+            };
+            if base.is_none() && first_delta != 0 {
+                return Err(Error::Missing {
+                    operator: self.operator.clone(),
+                    batch_id: 0,
+                    file: self.url(&self.file(0, "delta")),
+                });
+            }
+            for id in first_delta..=v {
+                if deltas.binary_search(&id).is_err() {
+                    return Err(Error::Missing {
+                        operator: self.operator.clone(),
+                        batch_id: id,
+                        file: self.url(&self.file(id, "delta")),
+                    });
+                }
+                self.apply_file(id, "delta").await?;
+            }
+        }
+        self.pending.clear();
+        self.version = version;
+        self.loaded = true;
+        Ok(())
+    }
+
+    /// The batch ids of the snapshots and deltas kept, ascending.
+    async fn list(&self) -> Result<(Vec<u64>, Vec<u64>)> {
+        let dir = self.location.child(&format!("state/{}", self.operator));
+        let metas: Vec<_> = match self.location.store().list(Some(&dir)).try_collect().await {
+            Ok(m) => m,
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => {
+                return Err(lakestream_storage::Error::Store {
+                    file: self.url(&dir),
+                    source: e,
+                }
+                .into());
+            }
+        };
+        let (mut snapshots, mut deltas) = (Vec::new(), Vec::new());
+        for m in metas {
+            let Some(name) = m.location.filename() else {
+                continue;
+            };
+            let mut parts = name.splitn(3, '.');
+            let (Some(id), Some(kind), Some("arrow")) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let Ok(id) = id.parse::<u64>() else { continue };
+            match kind {
+                "snapshot" => snapshots.push(id),
+                "delta" => deltas.push(id),
+                _ => {}
+            }
+        }
+        snapshots.sort_unstable();
+        deltas.sort_unstable();
+        Ok((snapshots, deltas))
+    }
+
+    async fn apply_file(&mut self, batch_id: u64, kind: &str) -> Result<()> {
+        let path = self.file(batch_id, kind);
+        let file = self.url(&path);
+        let Some(bytes) = self.location.read(&path).await? else {
+            return Err(Error::Missing {
+                operator: self.operator.clone(),
+                batch_id,
+                file,
+            });
+        };
+        let corrupt = |reason: String| Error::Corrupt {
+            file: file.clone(),
+            reason,
+        };
+        let reader = arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)
+            .map_err(|e| corrupt(e.to_string()))?;
+        let schema = reader.schema();
+        let header: serde_json::Value = schema
+            .metadata()
+            .get(META)
+            .and_then(|m| serde_json::from_str(m).ok())
+            .ok_or_else(|| corrupt(format!("no {META} metadata")))?;
+        match header.get("version").and_then(|v| v.as_u64()) {
+            Some(v) if v == u64::from(FORMAT_VERSION) => {}
+            other => {
+                return Err(corrupt(format!(
+                    "format version {other:?}, this build reads {FORMAT_VERSION}"
+                )));
+            }
+        }
+        let expected = self.file_schema();
+        let same = schema.fields().len() == expected.fields().len()
+            && schema
+                .fields()
+                .iter()
+                .zip(expected.fields())
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if !same {
+            return Err(Error::Changed {
+                operator: self.operator.clone(),
+                file,
+                found: describe(&schema),
+                expected: describe(&expected),
+            });
+        }
+        self.meta = header.get("meta").cloned().unwrap_or_default();
+        let n = self.schema.fields().len();
+        for batch in reader {
+            let batch = batch.map_err(|e| corrupt(e.to_string()))?;
+            let buckets = batch
+                .column(n)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .ok_or_else(|| corrupt(format!("{BUCKET} is not Int64")))?
+                .clone();
+            let removed = batch
+                .column(n + 1)
+                .as_any()
+                .downcast_ref::<BooleanArray>()
+                .ok_or_else(|| corrupt(format!("{REMOVED} is not Boolean")))?
+                .clone();
+            let keys = self
+                .key_rows
+                .convert_columns(&batch.columns()[..self.keys])
+                .map_err(|e| corrupt(e.to_string()))?;
+            let values = self
+                .value_rows
+                .convert_columns(&batch.columns()[self.keys..n])
+                .map_err(|e| corrupt(e.to_string()))?;
+            for i in 0..batch.num_rows() {
+                let key: Box<[u8]> = keys.row(i).as_ref().into();
+                if removed.value(i) {
+                    self.remove(buckets.value(i), &key);
+                } else {
+                    self.put(buckets.value(i), key, values.row(i).as_ref().into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn put(&mut self, bucket: i64, key: Box<[u8]>, value: Box<[u8]>) {
+        let rows = self.buckets.entry(bucket).or_default();
+        let (key_len, value_len) = (key.len() as u64, value.len() as u64);
+        match rows.insert(key, value) {
+            Some(old) => self.bytes = self.bytes + value_len - old.len() as u64,
+            None => {
+                self.rows += 1;
+                self.bytes += key_len + value_len;
+            }
+        }
+    }
+
+    fn remove(&mut self, bucket: i64, key: &[u8]) {
+        if let Some(rows) = self.buckets.get_mut(&bucket)
+            && let Some(old) = rows.remove(key)
+        {
+            self.rows -= 1;
+            self.bytes -= (key.len() + old.len()) as u64;
+            if rows.is_empty() {
+                self.buckets.remove(&bucket);
+            }
+        }
+    }
+
+    /// The rows held for the keys of `batch` (a batch of [`Self::schema`];
+    /// only its key columns are read), each key once, in `buckets[i]` for
+    /// row `i`. `None` when none of them is held.
+    pub fn lookup(&self, batch: &RecordBatch, buckets: &[i64]) -> Result<Option<RecordBatch>> {
+        let keys = self
+            .key_rows
+            .convert_columns(&batch.columns()[..self.keys])
+            .map_err(self.arrow_err())?;
+        let mut seen = std::collections::HashSet::new();
+        let (mut found_keys, mut found_values) = (Vec::new(), Vec::new());
+        for (i, &bucket) in buckets.iter().enumerate() {
+            let key = keys.row(i);
+            if let Some(rows) = self.buckets.get(&bucket)
+                && let Some((k, v)) = rows.get_key_value(key.as_ref())
+                && seen.insert(k.as_ref())
+            {
+                found_keys.push(k.as_ref());
+                found_values.push(v.as_ref());
+            }
+        }
+        if found_keys.is_empty() {
+            return Ok(None);
+        }
+        self.to_batch(&found_keys, &found_values).map(Some)
+    }
+
+    /// Set the value of every key in `batch` (a batch of [`Self::schema`]),
+    /// row `i` in `buckets[i]`.
+    pub fn upsert(&mut self, batch: &RecordBatch, buckets: &[i64]) -> Result<()> {
+        let keys = self
+            .key_rows
+            .convert_columns(&batch.columns()[..self.keys])
+            .map_err(self.arrow_err())?;
+        let values = self
+            .value_rows
+            .convert_columns(&batch.columns()[self.keys..])
+            .map_err(self.arrow_err())?;
+        for (i, &bucket) in buckets.iter().enumerate() {
+            let key: Box<[u8]> = keys.row(i).as_ref().into();
+            let value: Box<[u8]> = values.row(i).as_ref().into();
+            self.pending
+                .insert((bucket, key.clone()), Some(value.clone()));
+            self.put(bucket, key, value);
+        }
+        Ok(())
+    }
+
+    /// Remove and return every row in a bucket at or below `through`.
+    pub fn evict_through(&mut self, through: i64) -> Result<Option<RecordBatch>> {
+        let kept = self.buckets.split_off(&through.saturating_add(1));
+        let evicted = std::mem::replace(&mut self.buckets, kept);
+        if evicted.is_empty() {
+            return Ok(None);
+        }
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for (bucket, rows) in evicted {
+            for (k, v) in rows {
+                self.rows -= 1;
+                self.bytes -= (k.len() + v.len()) as u64;
+                self.pending.insert((bucket, k.clone()), None);
+                keys.push(k);
+                values.push(v);
+            }
+        }
+        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
+        let values: Vec<&[u8]> = values.iter().map(|v| v.as_ref()).collect();
+        self.to_batch(&keys, &values).map(Some)
+    }
+
+    fn to_batch(&self, keys: &[&[u8]], values: &[&[u8]]) -> Result<RecordBatch> {
+        let kp = self.key_rows.parser();
+        let vp = self.value_rows.parser();
+        let mut columns = self
+            .key_rows
+            .convert_rows(keys.iter().map(|k| kp.parse(k)))
+            .map_err(self.arrow_err())?;
+        columns.extend(
+            self.value_rows
+                .convert_rows(values.iter().map(|v| vp.parse(v)))
+                .map_err(self.arrow_err())?,
+        );
+        RecordBatch::try_new(self.schema.clone(), columns).map_err(self.arrow_err())
+    }
+
+    fn file_schema(&self) -> Schema {
+        let mut fields: Vec<Field> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        fields.push(Field::new(BUCKET, DataType::Int64, false));
+        fields.push(Field::new(REMOVED, DataType::Boolean, false));
+        Schema::new(fields)
+    }
+
+    /// Make the changes since the last commit the state as of `batch_id`,
+    /// durably (a delta file, and a snapshot every few batches), with the
+    /// operator's `meta`. Durable when this returns; a replay of the same
+    /// batch overwrites the files with the same content.
+    pub async fn commit(&mut self, batch_id: u64, meta: serde_json::Value) -> Result<()> {
+        let mut upserts: Vec<(i64, &[u8], &[u8])> = Vec::new();
+        let mut removals: Vec<(i64, &[u8])> = Vec::new();
+        for ((bucket, key), value) in &self.pending {
+            match value {
+                Some(v) => upserts.push((*bucket, key, v)),
+                None => removals.push((*bucket, key)),
+            }
+        }
+        // Deterministic files: a replay writes the same bytes.
+        upserts.sort_unstable();
+        removals.sort_unstable();
+        let delta = self.encode(batch_id, &meta, &upserts, &removals)?;
+        self.write(self.file(batch_id, "delta"), delta).await?;
+        if (batch_id + 1).is_multiple_of(self.snapshot_interval) {
+            let mut all: Vec<(i64, &[u8], &[u8])> = Vec::with_capacity(self.rows as usize);
+            for (bucket, rows) in &self.buckets {
+                for (k, v) in rows {
+                    all.push((*bucket, k, v));
+                }
+            }
+            all.sort_unstable();
+            let snapshot = self.encode(batch_id, &meta, &all, &[])?;
+            self.write(self.file(batch_id, "snapshot"), snapshot)
+                .await?;
+        }
+        self.pending.clear();
+        self.version = Some(batch_id);
+        self.meta = meta;
+        self.loaded = true;
+        Ok(())
+    }
+
+    fn encode(
+        &self,
+        batch_id: u64,
+        meta: &serde_json::Value,
+        upserts: &[(i64, &[u8], &[u8])],
+        removals: &[(i64, &[u8])],
+    ) -> Result<Vec<u8>> {
+        let header = serde_json::json!({
+            "version": FORMAT_VERSION,
+            "operator": self.operator,
+            "batch_id": batch_id,
+            "meta": meta,
+        });
+        let schema = Arc::new(
+            self.file_schema()
+                .with_metadata([(META.to_string(), header.to_string())].into()),
+        );
+        let kp = self.key_rows.parser();
+        let vp = self.value_rows.parser();
+        let mut columns: Vec<ArrayRef> = self
+            .key_rows
+            .convert_rows(
+                upserts
+                    .iter()
+                    .map(|(_, k, _)| kp.parse(k))
+                    .chain(removals.iter().map(|(_, k)| kp.parse(k))),
+            )
+            .map_err(self.arrow_err())?;
+        let values = self
+            .value_rows
+            .convert_rows(upserts.iter().map(|(_, _, v)| vp.parse(v)))
+            .map_err(self.arrow_err())?;
+        for v in values {
+            let nulls = new_null_array(v.data_type(), removals.len());
+            columns.push(arrow::compute::concat(&[&v, &nulls]).map_err(self.arrow_err())?);
+        }
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            upserts
+                .iter()
+                .map(|u| u.0)
+                .chain(removals.iter().map(|r| r.0)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            std::iter::repeat_n(Some(false), upserts.len())
+                .chain(std::iter::repeat_n(Some(true), removals.len())),
+        )));
+        let batch = RecordBatch::try_new(schema.clone(), columns).map_err(self.arrow_err())?;
+        let mut w = arrow::ipc::writer::FileWriter::try_new(Vec::new(), &schema)
+            .map_err(self.arrow_err())?;
+        w.write(&batch).map_err(self.arrow_err())?;
+        w.finish().map_err(self.arrow_err())?;
+        w.into_inner().map_err(self.arrow_err())
+    }
+
+    async fn write(&self, path: object_store::path::Path, bytes: Vec<u8>) -> Result<()> {
+        self.location
+            .store()
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(|e| lakestream_storage::Error::Store {
+                file: self.url(&path),
+                source: e,
+            })?;
+        Ok(self.location.sync(&path).await?)
+    }
+
+    /// Remove the files no restart can need once batches before
+    /// `keep_from` are never replayed: everything older than the newest
+    /// snapshot at or before `keep_from − 1`. Best effort; returns the
+    /// number of files removed.
+    pub async fn purge_before(&self, keep_from: u64) -> Result<usize> {
+        let Some(need) = keep_from.checked_sub(1) else {
+            return Ok(0);
+        };
+        let (snapshots, deltas) = self.list().await?;
+        let Some(base) = snapshots.iter().rev().find(|&&s| s <= need).copied() else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        let old = snapshots
+            .iter()
+            .filter(|&&s| s < base)
+            .map(|&s| (s, "snapshot"))
+            .chain(deltas.iter().filter(|&&d| d <= base).map(|&d| (d, "delta")));
+        for (id, kind) in old {
+            if self
+                .location
+                .store()
+                .delete(&self.file(id, kind))
+                .await
+                .is_ok()
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+fn describe(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .filter(|f| f.name() != BUCKET && f.name() != REMOVED)
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, StringArray};
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("n", DataType::Int64, false),
+        ]))
+    }
+
+    fn batch(rows: &[(&str, i64)]) -> RecordBatch {
+        RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn pairs(b: Option<RecordBatch>) -> Vec<(String, i64)> {
+        let Some(b) = b else { return Vec::new() };
+        let k = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+        let n = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+        let mut v: Vec<(String, i64)> = (0..b.num_rows())
+            .map(|i| (k.value(i).to_string(), n.value(i)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn store(dir: &std::path::Path) -> StateStore {
+        let loc = Location::parse(dir.to_str().unwrap(), &HashMap::new()).unwrap();
+        StateStore::new(loc, "agg", schema(), 1)
+            .unwrap()
+            .with_snapshot_interval(3)
+    }
+
+    #[tokio::test]
+    async fn committed_versions_load_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path());
+        s.load(None).await.unwrap();
+        s.upsert(&batch(&[("a", 1), ("b", 2)]), &[10, 20]).unwrap();
+        s.commit(0, serde_json::json!({"max": 5})).await.unwrap();
+        s.upsert(&batch(&[("a", 3)]), &[10]).unwrap();
+        assert_eq!(pairs(s.evict_through(10).unwrap()), vec![("a".into(), 3)]);
+        s.commit(1, serde_json::json!({"max": 6})).await.unwrap();
+        // Batch 2 fails before its commit: its changes never count.
+        s.upsert(&batch(&[("c", 9)]), &[30]).unwrap();
+
+        let mut r = store(dir.path());
+        r.load(Some(0)).await.unwrap();
+        assert_eq!(r.rows(), 2);
+        assert_eq!(r.meta(), &serde_json::json!({"max": 5}));
+        let probe = batch(&[("a", 0), ("b", 0), ("z", 0)]);
+        assert_eq!(
+            pairs(r.lookup(&probe, &[10, 20, 20]).unwrap()),
+            vec![("a".into(), 1), ("b".into(), 2)]
+        );
+        r.load(Some(1)).await.unwrap();
+        assert_eq!(r.rows(), 1);
+        assert_eq!(r.first_bucket(), Some(20));
+        assert_eq!(r.meta(), &serde_json::json!({"max": 6}));
+        assert!(r.lookup(&probe, &[10, 10, 10]).unwrap().is_none());
+        assert!(r.is_at(Some(1)));
+    }
+
+    #[tokio::test]
+    async fn snapshots_bound_what_a_restart_reads_and_purge_keeps_what_it_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path());
+        s.load(None).await.unwrap();
+        for id in 0..7u64 {
+            s.upsert(&batch(&[("k", id as i64)]), &[1]).unwrap();
+            s.commit(id, serde_json::Value::Null).await.unwrap();
+        }
+        // Snapshots after batches 2 and 5 (every 3).
+        let (snapshots, deltas) = s.list().await.unwrap();
+        assert_eq!(snapshots, vec![2, 5]);
+        assert_eq!(deltas, (0..7).collect::<Vec<_>>());
+        // Batches before 6 are never replayed: the state as of 5 (its
+        // snapshot) and later is all a restart needs.
+        assert_eq!(s.purge_before(6).await.unwrap(), 7);
+        let (snapshots, deltas) = s.list().await.unwrap();
+        assert_eq!((snapshots, deltas), (vec![5], vec![6]));
+        let mut r = store(dir.path());
+        r.load(Some(6)).await.unwrap();
+        assert_eq!(
+            pairs(r.lookup(&batch(&[("k", 0)]), &[1]).unwrap()),
+            vec![("k".into(), 6)]
+        );
+        let err = r.load(Some(4)).await.unwrap_err();
+        assert!(
+            err.to_string().contains("as of batch 0 is missing"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_changed_query_and_a_corrupt_file_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path());
+        s.load(None).await.unwrap();
+        s.upsert(&batch(&[("a", 1)]), &[1]).unwrap();
+        s.commit(0, serde_json::Value::Null).await.unwrap();
+
+        let loc = Location::parse(dir.path().to_str().unwrap(), &HashMap::new()).unwrap();
+        let other = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("total", DataType::Float64, true),
+        ]));
+        let mut changed = StateStore::new(loc, "agg", other, 1).unwrap();
+        let err = changed.load(Some(0)).await.unwrap_err().to_string();
+        assert!(err.contains("written by a different query"), "{err}");
+        assert!(
+            err.contains("n Int64") && err.contains("total Float64"),
+            "{err}"
+        );
+
+        let file = dir.path().join("state/agg/0.delta.arrow");
+        std::fs::write(&file, b"not arrow").unwrap();
+        let err = store(dir.path())
+            .load(Some(0))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("0.delta.arrow is corrupt"), "{err}");
+    }
+
+    #[test]
+    fn rows_and_bytes_follow_upserts_and_evictions() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path());
+        s.upsert(&batch(&[("a", 1), ("bb", 2)]), &[1, 2]).unwrap();
+        let two = s.bytes();
+        assert_eq!(s.rows(), 2);
+        s.upsert(&batch(&[("a", 5)]), &[1]).unwrap();
+        assert_eq!((s.rows(), s.bytes()), (2, two));
+        assert_eq!(pairs(s.evict_through(1).unwrap()), vec![("a".into(), 5)]);
+        assert_eq!(s.rows(), 1);
+        assert!(s.evict_through(1).unwrap().is_none());
+        s.evict_through(100).unwrap();
+        assert_eq!((s.rows(), s.bytes()), (0, 0));
+    }
+}
