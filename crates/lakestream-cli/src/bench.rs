@@ -4,8 +4,10 @@
 //! Every figure is one line `name: value unit` on stdout. Workloads:
 //! backfill (JSON files -> partitioned Delta, available-now) versus the raw
 //! limit (arrow-json decode + filter + Parquet encode, no engine), many tiny
-//! batches (per-batch overhead), a long table history (commit time), and,
-//! with a broker, Kafka versus a raw consume + decode loop.
+//! batches (per-batch overhead), a long table history (commit time), a
+//! windowed aggregation over the backfill input, tiny batches against a
+//! large and a small aggregation state, and, with a broker, Kafka versus a
+//! raw consume + decode loop.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -25,6 +27,7 @@ pub(crate) struct BenchConfig {
     pub(crate) files: u64,
     pub(crate) tiny_batches: u64,
     pub(crate) history: u64,
+    pub(crate) state_groups: u64,
     pub(crate) kafka_bootstrap: Option<String>,
     pub(crate) kafka_messages: u64,
 }
@@ -36,6 +39,7 @@ impl BenchConfig {
         self.files = 4;
         self.tiny_batches = 12;
         self.history = 40;
+        self.state_groups = 20_000;
         self.kafka_messages = 2_000;
         self
     }
@@ -184,6 +188,78 @@ SELECT event_id, user_id, event_type, amount, ts, CAST(ts AS DATE) AS day
 FROM events WHERE amount > 0;
 ";
 
+const WINDOWED_JOB: &str = "CREATE UNBOUNDED EXTERNAL TABLE events (
+  event_id VARCHAR NOT NULL, user_id BIGINT, event_type VARCHAR, amount DOUBLE, ts TIMESTAMP
+) STORED AS JSON LOCATION 'events/'
+OPTIONS ('event_time' 'ts', 'watermark_delay' '1 minute');
+CREATE EXTERNAL TABLE per_minute STORED AS DELTA LOCATION 'out/windowed';
+INSERT INTO per_minute
+SELECT window.start AS minute, event_type, count(*) AS n, sum(amount) AS total
+FROM events GROUP BY window(ts, '1 minute'), event_type;
+";
+
+/// Tiny batches (10 rows) against `groups` open groups of a windowed
+/// aggregation (one day-long window, one group per user): the first batch
+/// opens them, then `tiny` batches each update 10. Returns the median and
+/// p90 batch time of the tiny batches (ms) and the state's bytes.
+fn state_cost(dir: &Path, groups: u64, tiny: u64) -> anyhow::Result<(f64, f64, u64)> {
+    let input = dir.join("events");
+    std::fs::create_dir_all(&input)?;
+    let line = |user: u64, second: u64| {
+        format!(
+            "{{\"user_id\":{user},\"amount\":1.5,\"ts\":\"2026-01-01T00:{:02}:{:02}Z\"}}\n",
+            second / 60,
+            second % 60
+        )
+    };
+    let mut w = std::io::BufWriter::new(std::fs::File::create(input.join("f000000.json"))?);
+    for u in 0..groups {
+        w.write_all(line(u, 0).as_bytes())?;
+    }
+    w.flush()?;
+    for i in 1..=tiny {
+        let body: String = (0..10).map(|j| line((i * 10 + j) % groups, i)).collect();
+        std::fs::write(input.join(format!("f{i:06}.json")), body)?;
+    }
+    std::fs::write(
+        dir.join("state.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events (user_id BIGINT, amount DOUBLE, ts TIMESTAMP)
+         STORED AS JSON LOCATION 'events/'
+         OPTIONS ('max_files_per_trigger' '1', 'event_time' 'ts', 'watermark_delay' '1 minute');
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';
+         INSERT INTO out SELECT window.start AS day, user_id, count(*) AS n, sum(amount) AS total
+         FROM events GROUP BY window(ts, '1 day'), user_id;",
+    )?;
+    let r = run_job(dir, "state.sql", "ckpt")?;
+    let mut totals: Vec<f64> = r
+        .progress
+        .iter()
+        .skip(1)
+        .filter_map(|p| p["durations"]["total_ms"].as_f64())
+        .collect();
+    if totals.len() as u64 != tiny {
+        bail!(
+            "the state workload ran {} tiny batches, expected {tiny}",
+            totals.len()
+        );
+    }
+    let held = r
+        .progress
+        .last()
+        .and_then(|p| p["state"]["rows"].as_u64())
+        .unwrap_or(0);
+    if held != groups {
+        bail!("the state workload holds {held} groups, expected {groups}");
+    }
+    let bytes = r
+        .progress
+        .last()
+        .and_then(|p| p["state"]["bytes"].as_u64())
+        .unwrap_or(0);
+    totals.sort_by(f64::total_cmp);
+    Ok((percentile(&totals, 0.5), percentile(&totals, 0.9), bytes))
+}
+
 fn write_job(dir: &Path, name: &str, table: &str, options: &str) -> anyhow::Result<()> {
     let opts = if options.is_empty() {
         String::new()
@@ -278,6 +354,67 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     figure(
         "ratio.backfill_over_raw",
         format!("{:.2}", raw_secs / secs),
+        "x",
+    );
+
+    // 2b. a windowed aggregation over the same input
+    std::fs::write(dir.join("windowed.sql"), WINDOWED_JOB)?;
+    let w = run_job(dir, "windowed.sql", "ckpt/windowed")?;
+    let w_secs = w.wall.as_secs_f64();
+    let w_input: u64 = w
+        .progress
+        .iter()
+        .filter_map(|p| p["input_rows"].as_u64())
+        .sum();
+    if w_input != cfg.rows {
+        bail!(
+            "the windowed run read {w_input} rows, expected {}",
+            cfg.rows
+        );
+    }
+    let groups: u64 = w
+        .progress
+        .iter()
+        .filter_map(|p| p["output_rows"].as_u64())
+        .sum();
+    figure("windowed.wall", format!("{w_secs:.3}"), "s");
+    figure(
+        "windowed.throughput",
+        format!("{:.0}", cfg.rows as f64 / w_secs),
+        "rows/s",
+    );
+    figure("windowed.cpu", format!("{:.2}", w.cpu_seconds), "cpu-s");
+    figure("windowed.batches", w.progress.len(), "batches");
+    figure("windowed.groups_written", groups, "rows");
+    figure(
+        "windowed.peak_rss",
+        format!("{:.1}", w.peak_rss as f64 / (1 << 20) as f64),
+        "MiB",
+    );
+    figure(
+        "ratio.windowed_over_backfill",
+        format!("{:.2}", secs / w_secs),
+        "x",
+    );
+
+    // 2c. tiny batches against a large and a small state
+    let small = (cfg.state_groups / 100).max(1);
+    let small_ms = state_cost(&dir.join("state-small"), small, 30)?;
+    let large_ms = state_cost(&dir.join("state-large"), cfg.state_groups, 30)?;
+    figure("state.small_groups", small, "groups");
+    figure("state.small_median", format!("{:.2}", small_ms.0), "ms");
+    figure("state.small_p90", format!("{:.2}", small_ms.1), "ms");
+    figure("state.large_groups", cfg.state_groups, "groups");
+    figure("state.large_median", format!("{:.2}", large_ms.0), "ms");
+    figure("state.large_p90", format!("{:.2}", large_ms.1), "ms");
+    figure(
+        "state.large_bytes",
+        format!("{:.1}", large_ms.2 as f64 / (1 << 20) as f64),
+        "MiB",
+    );
+    figure(
+        "ratio.state_large_over_small",
+        format!("{:.2}", large_ms.0 / small_ms.0),
         "x",
     );
 

@@ -112,6 +112,10 @@ enum Command {
         /// Commits in the long-history workload.
         #[arg(long, default_value_t = 5_000)]
         history: u64,
+        /// Open groups in the large state-cost workload (the small one
+        /// holds 1% of them).
+        #[arg(long, default_value_t = 1_000_000)]
+        state_groups: u64,
         /// A Kafka broker for the Kafka workload (a topic is created).
         #[arg(long)]
         kafka_bootstrap: Option<String>,
@@ -366,6 +370,7 @@ fn main() -> ExitCode {
                 files,
                 tiny_batches,
                 history,
+                state_groups,
                 kafka_bootstrap,
                 kafka_messages,
                 smoke,
@@ -376,6 +381,7 @@ fn main() -> ExitCode {
                     files,
                     tiny_batches,
                     history,
+                    state_groups,
                     kafka_bootstrap,
                     kafka_messages,
                 };

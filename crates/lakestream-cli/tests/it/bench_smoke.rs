@@ -37,6 +37,13 @@ fn the_benchmark_prints_every_figure() {
         "backfill.output_files",
         "raw.throughput",
         "ratio.backfill_over_raw",
+        "windowed.throughput",
+        "windowed.groups_written",
+        "ratio.windowed_over_backfill",
+        "state.small_median",
+        "state.large_median",
+        "state.large_bytes",
+        "ratio.state_large_over_small",
         "overhead.median",
         "overhead.p99",
         "overhead.commit",
@@ -55,6 +62,7 @@ fn the_benchmark_prints_every_figure() {
     }
     assert_eq!(figures["backfill.rows"], 20_000.0);
     assert_eq!(figures["overhead.batches"], 12.0);
+    assert_eq!(figures["state.large_groups"], 20_000.0);
     // The checkpoint keeps the newest 100 batches at most, and 40 here.
     assert_eq!(figures["history.offsets_files_kept"], 40.0);
 }
