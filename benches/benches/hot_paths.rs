@@ -123,6 +123,7 @@ async fn commit(sink: &DeltaSink, one: &RecordBatch, id: u64) -> lakestream::sin
             query_id: "bench".into(),
             batch_id: id,
             metadata: Default::default(),
+            write: Default::default(),
         },
     )
     .await

@@ -388,8 +388,9 @@ impl QueryBuilder {
                         "an aggregation over a stream without an event-time window cannot \
                          run in append mode: its groups never close, so none would ever be \
                          written; group by window(<event time>, '<size>') with the stream's \
-                         'event_time' and 'watermark_delay' options set (update and complete \
-                         output modes, which write open groups, are not supported yet)"
+                         'event_time' and 'watermark_delay' options set, or write the whole \
+                         result every batch with the output table's OPTIONS ('output_mode' \
+                         'complete')"
                             .into(),
                     ));
                 }
@@ -402,17 +403,13 @@ impl QueryBuilder {
                             .into(),
                     ));
                 }
-                OutputMode::Append => {}
-                OutputMode::Update | OutputMode::Complete => {
-                    return Err(user_error(format!(
-                        "output_mode '{}' is not supported yet; use 'append' with an \
-                         event-time window",
-                        if self.output_mode == OutputMode::Update {
-                            "update"
-                        } else {
-                            "complete"
-                        }
-                    )));
+                OutputMode::Append | OutputMode::Complete => {}
+                OutputMode::Update => {
+                    return Err(user_error(
+                        "output_mode 'update' is not supported yet; use 'append' with an \
+                         event-time window, or 'complete'"
+                            .into(),
+                    ));
                 }
             }
             Some(agg)

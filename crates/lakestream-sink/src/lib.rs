@@ -109,6 +109,17 @@ pub(crate) fn same_columns(a: &arrow::datatypes::Schema, b: &arrow::datatypes::S
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How a batch's rows change the table.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum WriteMode {
+    /// Add the rows (stateless queries; aggregations in append mode).
+    #[default]
+    Append,
+    /// Replace every row of the table by the batch's (aggregations in
+    /// complete mode).
+    ReplaceAll,
+}
+
 /// What a commit carries besides the data: who commits which batch.
 #[derive(Debug, Clone)]
 pub struct CommitInfo {
@@ -119,6 +130,8 @@ pub struct CommitInfo {
     /// Extra metadata recorded with the commit (source ranges, engine
     /// version), as a JSON object.
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// How the rows change the table.
+    pub write: WriteMode,
 }
 
 /// What the writers of a batch produced, not yet visible: counts the
@@ -249,7 +262,8 @@ pub trait Sink: Send + Sync {
     /// [`Staged`] results are merged and committed once.
     async fn begin(&self, batch_id: u64) -> Result<Box<dyn BatchWriter>>;
 
-    /// Atomically make `staged` visible, recording `info.batch_id` for
+    /// Atomically make `staged` visible (added to the table, or replacing
+    /// its rows, as `info.write` says), recording `info.batch_id` for
     /// `info.query_id`. If the table already holds a batch id `>=` this one
     /// for the query, commits nothing and returns
     /// [`CommitOutcome::AlreadyCommitted`]. Durable when it returns `Ok`.

@@ -19,7 +19,9 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 
-use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged, describe_schema};
+use crate::{
+    BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged, WriteMode, describe_schema,
+};
 
 /// One committed batch of a [`MemorySink`].
 #[derive(Debug, Clone)]
@@ -34,6 +36,21 @@ pub struct MemoryCommit {
     pub batches: Vec<RecordBatch>,
     /// The metadata the engine recorded with it.
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// Whether it added rows or replaced them all.
+    pub write: WriteMode,
+}
+
+impl Table {
+    /// The commits whose rows the table holds: all of them after the last
+    /// one that replaced every row.
+    fn current(&self) -> &[MemoryCommit] {
+        let from = self
+            .commits
+            .iter()
+            .rposition(|c| c.write == WriteMode::ReplaceAll)
+            .unwrap_or(0);
+        &self.commits[from..]
+    }
 }
 
 #[derive(Debug, Default)]
@@ -73,19 +90,20 @@ impl MemorySink {
         self.table().commits.clone()
     }
 
-    /// Every committed row, in commit order.
+    /// The table's rows, in commit order: every committed row since the
+    /// last commit that replaced them all.
     pub fn batches(&self) -> Vec<RecordBatch> {
         self.table()
-            .commits
+            .current()
             .iter()
             .flat_map(|c| c.batches.iter().cloned())
             .collect()
     }
 
-    /// The number of committed rows.
+    /// The number of rows the table holds.
     pub fn rows(&self) -> usize {
         self.table()
-            .commits
+            .current()
             .iter()
             .flat_map(|c| &c.batches)
             .map(|b| b.num_rows())
@@ -170,6 +188,7 @@ impl Sink for MemorySink {
             batch_id: info.batch_id,
             batches,
             metadata: info.metadata.clone(),
+            write: info.write.clone(),
         });
         table.txn.insert(info.query_id.clone(), info.batch_id);
         if std::mem::take(&mut table.lose_next_response) {

@@ -515,6 +515,21 @@ impl StateStore {
         self.to_batch(&keys, &values).map(Some)
     }
 
+    /// Every row held, `None` when there is none.
+    pub fn all(&self) -> Result<Option<RecordBatch>> {
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for rows in self.buckets.values() {
+            for (k, v) in rows {
+                keys.push(k.as_ref());
+                values.push(v.as_ref());
+            }
+        }
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        self.to_batch(&keys, &values).map(Some)
+    }
+
     fn to_batch(&self, keys: &[&[u8]], values: &[&[u8]]) -> Result<RecordBatch> {
         let kp = self.key_rows.parser();
         let vp = self.value_rows.parser();

@@ -7,13 +7,14 @@
 //! after a commit, a new writer knows the batch is there and its re-run
 //! commits nothing; batch ids belong to their query, and an empty batch is
 //! recorded too; parts staged by another kind of sink are refused, naming
-//! the batch. Tables hold one `v BIGINT` column ([`value_batch`]).
+//! the batch; a batch that replaces every row (complete output mode) does
+//! so once, and a replay of it leaves the table as it was. Tables hold one `v BIGINT` column ([`value_batch`]).
 
 use std::sync::Arc;
 
 use arrow::array::{Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
-use lakestream_engine::sink::{CommitInfo, CommitOutcome, Sink, Staged};
+use lakestream_engine::sink::{CommitInfo, CommitOutcome, Sink, Staged, WriteMode};
 
 /// A one-row batch `v = value`: the rows the suite writes.
 pub fn value_batch(value: i64) -> RecordBatch {
@@ -64,6 +65,7 @@ pub fn info(query: &str, id: u64) -> CommitInfo {
         query_id: query.into(),
         batch_id: id,
         metadata: Default::default(),
+        write: WriteMode::Append,
     }
 }
 
@@ -146,6 +148,43 @@ pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
     assert_eq!(a.committed_batch("q2").await.unwrap(), Some(6));
     assert_eq!(a.committed_batch("q3").await.unwrap(), None);
     assert_eq!(t.values().await, vec![30, 31]);
+
+    // A batch that replaces every row does, once: its replay (after the
+    // appends of later batches) changes nothing.
+    let t = target("replace");
+    let a = t.writer().await;
+    let replace = |id| CommitInfo {
+        write: WriteMode::ReplaceAll,
+        ..info("q", id)
+    };
+    assert_committed(&*a, "q", 0, &[40, 41]).await;
+    let outcome = a
+        .commit(stage(&*a, 1, &[42]).await, &replace(1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommitOutcome::Committed { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(t.values().await, vec![42]);
+    let outcome = a
+        .commit(stage(&*a, 2, &[43, 44]).await, &replace(2))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommitOutcome::Committed { .. }),
+        "{outcome:?}"
+    );
+    let b = t.writer().await;
+    let outcome = b
+        .commit(stage(&*b, 2, &[99]).await, &replace(2))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommitOutcome::AlreadyCommitted { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(t.values().await, vec![43, 44]);
 
     // Parts staged by another kind of sink are refused, naming the batch.
     let t = target("foreign");

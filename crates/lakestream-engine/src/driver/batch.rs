@@ -163,6 +163,11 @@ impl Driver {
                     query_id,
                     batch_id,
                     metadata: meta,
+                    write: self
+                        .stateful
+                        .as_ref()
+                        .map(|s| s.write_mode())
+                        .unwrap_or_default(),
                 },
             )
             .await?;

@@ -100,7 +100,7 @@ pub struct StateProgress {
     pub bytes: u64,
     /// Groups the batch changed.
     pub rows_updated: u64,
-    /// Groups the batch finalized and removed.
+    /// Groups the batch finalized and removed (append mode).
     pub rows_evicted: u64,
     /// Input rows dropped because their window had already closed.
     pub rows_dropped_by_watermark: u64,
@@ -268,6 +268,14 @@ impl StatefulAggregate {
         }))
     }
 
+    /// How the aggregation's output changes the table.
+    pub(crate) fn write_mode(&self) -> lakestream_sink::WriteMode {
+        match self.mode {
+            OutputMode::Complete => lakestream_sink::WriteMode::ReplaceAll,
+            _ => lakestream_sink::WriteMode::Append,
+        }
+    }
+
     /// True when the aggregation groups by an event-time window.
     pub(crate) fn is_windowed(&self) -> bool {
         self.window.is_some()
@@ -343,8 +351,10 @@ impl StatefulAggregate {
             store.load(prev).await?;
         }
         let schema = store.schema().clone();
-        let threshold = match (self.window, watermark_ms) {
-            (Some((_, unit)), Some(w)) => Some(window::ms_in(unit, w)),
+        // Complete mode keeps every group (and so takes late rows too).
+        let threshold = match (self.window, watermark_ms, self.mode) {
+            (_, _, OutputMode::Complete) => None,
+            (Some((_, unit)), Some(w), _) => Some(window::ms_in(unit, w)),
             _ => None,
         };
         let dropped = Arc::new(AtomicU64::new(0));
@@ -389,12 +399,15 @@ impl StatefulAggregate {
         }
         let finished = match (self.mode, threshold) {
             (OutputMode::Append, Some(t)) => store.evict_through(t)?,
+            (OutputMode::Complete, _) => store.all()?,
             _ => None,
         };
         let top_schema = found.top.schema();
         let mut out = Vec::new();
         if let Some(states) = finished {
-            progress.rows_evicted = states.num_rows() as u64;
+            if self.mode == OutputMode::Append {
+                progress.rows_evicted = states.num_rows() as u64;
+            }
             let fin = found
                 .over_states(AggregateMode::Final, vec![states], &schema)
                 .map_err(df)?;

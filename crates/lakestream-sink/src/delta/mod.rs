@@ -51,7 +51,9 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use tokio::sync::Mutex;
 
-use crate::{BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged, describe_schema};
+use crate::{
+    BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged, WriteMode, describe_schema,
+};
 use lakestream_storage::Location;
 
 mod append;
@@ -583,7 +585,7 @@ impl Sink for DeltaSink {
             reason: "the sink was not opened".into(),
         })?;
         self.collect_checkpoint(loaded, false).await;
-        let actions: Vec<Action> = staged
+        let mut actions: Vec<Action> = staged
             .into_parts::<Vec<Action>>(&self.name)?
             .into_iter()
             .flatten()
@@ -612,15 +614,24 @@ impl Sink for DeltaSink {
         meta.insert("queryId".into(), serde_json::json!(info.query_id));
         let app_metadata: HashMap<String, serde_json::Value> =
             HashMap::from([("lakestream".to_string(), serde_json::Value::Object(meta))]);
+        let replace = info.write == WriteMode::ReplaceAll;
         let operation = DeltaOperation::StreamingUpdate {
-            output_mode: OutputMode::Append,
+            output_mode: if replace {
+                OutputMode::Complete
+            } else {
+                OutputMode::Append
+            },
             query_id: info.query_id.clone(),
             epoch_id: batch,
         };
         let transaction = Transaction::new(&info.query_id, batch);
 
-        let append = self
-            .append_commit(
+        // A replacement removes every file of the table: it needs the file
+        // list, so it goes through delta-rs's commit below.
+        let append = if replace {
+            Append::NotApplicable
+        } else {
+            self.append_commit(
                 loaded,
                 &actions,
                 operation.clone(),
@@ -628,7 +639,8 @@ impl Sink for DeltaSink {
                 transaction.clone(),
                 info.batch_id,
             )
-            .await?;
+            .await?
+        };
         if let Append::Committed(version) = append {
             self.after_append(loaded, version, info).await;
             return Ok(CommitOutcome::Committed { version });
@@ -659,6 +671,17 @@ impl Sink for DeltaSink {
             .with_application_transaction(transaction)
             .with_metadata(app_metadata);
         let state = table.snapshot().map_err(|e| self.table_err(e))?;
+        if replace {
+            use futures::TryStreamExt;
+            let removes: Vec<Action> = state
+                .snapshot()
+                .file_views(&table.log_store(), None)
+                .map_ok(|f| Action::Remove(f.remove_action(true)))
+                .try_collect()
+                .await
+                .map_err(|e| self.table_err(e))?;
+            actions.splice(0..0, removes);
+        }
         let result = CommitBuilder::from(props)
             .with_actions(actions)
             .build(Some(state), table.log_store(), operation)

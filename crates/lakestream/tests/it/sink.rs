@@ -23,6 +23,7 @@ async fn write(sink: &DeltaSink, query: &str, id: u64) -> CommitOutcome {
             query_id: query.into(),
             batch_id: id,
             metadata: Default::default(),
+            write: Default::default(),
         },
     )
     .await
