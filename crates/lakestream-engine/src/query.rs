@@ -373,7 +373,7 @@ impl QueryBuilder {
                 .create_physical_plan(&plan)
                 .await
                 .map_err(|e| Error::Plan(Box::new(e)))?;
-            let agg = StatefulAggregate::new(
+            let mut agg = StatefulAggregate::new(
                 &physical,
                 &lakestream_storage::Location::parse(&checkpoint, &self.checkpoint_options)?,
                 self.output_mode,
@@ -388,9 +388,10 @@ impl QueryBuilder {
                         "an aggregation over a stream without an event-time window cannot \
                          run in append mode: its groups never close, so none would ever be \
                          written; group by window(<event time>, '<size>') with the stream's \
-                         'event_time' and 'watermark_delay' options set, or write the whole \
-                         result every batch with the output table's OPTIONS ('output_mode' \
-                         'complete')"
+                         'event_time' and 'watermark_delay' options set, or set the output \
+                         table's OPTIONS ('output_mode' 'update') (changed groups merged by \
+                         their keys) or ('output_mode' 'complete') (the whole result each \
+                         batch)"
                             .into(),
                     ));
                 }
@@ -405,11 +406,14 @@ impl QueryBuilder {
                 }
                 OutputMode::Append | OutputMode::Complete => {}
                 OutputMode::Update => {
-                    return Err(user_error(
-                        "output_mode 'update' is not supported yet; use 'append' with an \
-                         event-time window, or 'complete'"
-                            .into(),
-                    ));
+                    let positions = lakestream_job::group_key_positions(&plan, &is_stream)
+                        .map_err(user_error)?;
+                    agg.set_keys(
+                        positions
+                            .into_iter()
+                            .map(|i| output_schema.field(i).name().clone())
+                            .collect(),
+                    );
                 }
             }
             Some(agg)

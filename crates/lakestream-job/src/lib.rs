@@ -27,7 +27,9 @@ mod values;
 pub mod window;
 
 pub use parse::{parse_job, pos_of};
-pub use shape::{check_streaming_plan, stateful_aggregate, streaming_plan_problem};
+pub use shape::{
+    check_streaming_plan, group_key_positions, stateful_aggregate, streaming_plan_problem,
+};
 pub use values::{MAX_DURATION, parse_duration, parse_size};
 
 use std::collections::BTreeMap;

@@ -40,6 +40,70 @@ pub fn stateful_aggregate<'a>(
     }
 }
 
+/// The positions, in `plan`'s output, of the columns that carry the
+/// stateful aggregation's group keys (a key itself, or a field of a window
+/// key such as `window.start`), one per key: the columns an update-mode
+/// output is merged by. `Err` names a key the output does not carry.
+pub fn group_key_positions(
+    plan: &LogicalPlan,
+    is_stream: &dyn Fn(&str) -> bool,
+) -> std::result::Result<Vec<usize>, String> {
+    let Some(agg) = stateful_aggregate(plan, is_stream) else {
+        return Err("the query has no aggregation over a stream".into());
+    };
+    let mut chain = Vec::new();
+    let mut node = plan;
+    while !matches!(node, LogicalPlan::Aggregate(_)) {
+        chain.push(node);
+        node = node.inputs()[0];
+    }
+    let names: Vec<String> = agg
+        .group_expr
+        .iter()
+        .map(|e| e.schema_name().to_string())
+        .collect();
+    let mut positions: Vec<Option<usize>> = (0..agg.group_expr.len()).map(Some).collect();
+    for node in chain.into_iter().rev() {
+        let LogicalPlan::Projection(p) = node else {
+            continue; // filters and aliases keep positions
+        };
+        let input = p.input.schema();
+        positions = positions
+            .into_iter()
+            .map(|pos| {
+                let pos = pos?;
+                let (q, f) = input.qualified_field(pos);
+                let key = datafusion::common::Column::new(q.cloned(), f.name());
+                p.expr.iter().position(|e| carries(e, &key))
+            })
+            .collect();
+    }
+    positions
+        .into_iter()
+        .zip(names)
+        .map(|(p, name)| {
+            p.ok_or_else(|| {
+                format!(
+                    "the output has no column for the GROUP BY key {name}; update mode merges \
+                     each group's row into the table by its keys, so select every key"
+                )
+            })
+        })
+        .collect()
+}
+
+/// True when `e` is the column `key` or a field of it (`get_field(key, ..)`).
+fn carries(e: &Expr, key: &datafusion::common::Column) -> bool {
+    match e {
+        Expr::Alias(a) => carries(&a.expr, key),
+        Expr::Column(c) => c == key,
+        Expr::ScalarFunction(f) if f.func.name() == "get_field" => {
+            matches!(f.args.first(), Some(Expr::Column(c)) if c == key)
+        }
+        _ => false,
+    }
+}
+
 fn streams_in(plan: &LogicalPlan, is_stream: &dyn Fn(&str) -> bool) -> Vec<String> {
     let mut found = Vec::new();
     let _ = plan.apply_with_subqueries(|node| {

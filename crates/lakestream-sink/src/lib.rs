@@ -118,6 +118,12 @@ pub enum WriteMode {
     /// Replace every row of the table by the batch's (aggregations in
     /// complete mode).
     ReplaceAll,
+    /// Update the rows whose `keys` columns equal a batch row's (NULLs
+    /// equal), insert the others (aggregations in update mode).
+    Upsert {
+        /// The key columns.
+        keys: Vec<String>,
+    },
 }
 
 /// What a commit carries besides the data: who commits which batch.

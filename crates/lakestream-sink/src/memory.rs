@@ -12,7 +12,11 @@
 //! then report an error, as a commit whose answer was lost on the way does:
 //! callers must re-run such a batch, and the re-run must find it committed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+use arrow::array::BooleanArray;
+use arrow::compute::filter_record_batch;
+use arrow::row::{RowConverter, SortField};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow::datatypes::SchemaRef;
@@ -41,15 +45,52 @@ pub struct MemoryCommit {
 }
 
 impl Table {
-    /// The commits whose rows the table holds: all of them after the last
-    /// one that replaced every row.
-    fn current(&self) -> &[MemoryCommit] {
+    /// The rows the table holds: the commits after the last one that
+    /// replaced every row, each upsert taking the place of the earlier rows
+    /// with its keys (NULLs equal).
+    fn rows_now(&self) -> Vec<RecordBatch> {
         let from = self
             .commits
             .iter()
             .rposition(|c| c.write == WriteMode::ReplaceAll)
             .unwrap_or(0);
-        &self.commits[from..]
+        let mut out: Vec<RecordBatch> = Vec::new();
+        for c in &self.commits[from..] {
+            if let (WriteMode::Upsert { keys }, Some(first)) = (&c.write, c.batches.first()) {
+                let schema = first.schema();
+                let idx: Vec<usize> = keys
+                    .iter()
+                    .filter_map(|k| schema.index_of(k).ok())
+                    .collect();
+                let converter = RowConverter::new(
+                    idx.iter()
+                        .map(|&i| SortField::new(schema.field(i).data_type().clone()))
+                        .collect(),
+                )
+                .expect("key types the sink accepted");
+                let key_rows = |b: &RecordBatch| {
+                    let cols: Vec<_> = idx.iter().map(|&i| b.column(i).clone()).collect();
+                    converter.convert_columns(&cols).expect("key columns")
+                };
+                let mut new_keys = HashSet::new();
+                for b in &c.batches {
+                    new_keys.extend(key_rows(b).iter().map(|r| r.as_ref().to_vec()));
+                }
+                out = out
+                    .into_iter()
+                    .map(|b| {
+                        let keep: BooleanArray = key_rows(&b)
+                            .iter()
+                            .map(|r| Some(!new_keys.contains(r.as_ref())))
+                            .collect();
+                        filter_record_batch(&b, &keep).expect("same length")
+                    })
+                    .filter(|b| b.num_rows() > 0)
+                    .collect();
+            }
+            out.extend(c.batches.iter().cloned());
+        }
+        out
     }
 }
 
@@ -91,23 +132,15 @@ impl MemorySink {
     }
 
     /// The table's rows, in commit order: every committed row since the
-    /// last commit that replaced them all.
+    /// last commit that replaced them all, less the rows a later upsert
+    /// replaced.
     pub fn batches(&self) -> Vec<RecordBatch> {
-        self.table()
-            .current()
-            .iter()
-            .flat_map(|c| c.batches.iter().cloned())
-            .collect()
+        self.table().rows_now()
     }
 
     /// The number of rows the table holds.
     pub fn rows(&self) -> usize {
-        self.table()
-            .current()
-            .iter()
-            .flat_map(|c| &c.batches)
-            .map(|b| b.num_rows())
-            .sum()
+        self.batches().iter().map(|b| b.num_rows()).sum()
     }
 
     /// Let the next commit land, then return an error as if its answer

@@ -8,7 +8,8 @@
 //! commits nothing; batch ids belong to their query, and an empty batch is
 //! recorded too; parts staged by another kind of sink are refused, naming
 //! the batch; a batch that replaces every row (complete output mode) does
-//! so once, and a replay of it leaves the table as it was. Tables hold one `v BIGINT` column ([`value_batch`]).
+//! so once, and a replay of it leaves the table as it was; so does an
+//! upsert's. Tables hold one `v BIGINT` column ([`value_batch`]).
 
 use std::sync::Arc;
 
@@ -93,6 +94,19 @@ pub async fn assert_already(sink: &dyn Sink, query: &str, id: u64, values: &[i64
     );
 }
 
+/// Stage `values` as batch `info.batch_id` and commit them with `info`;
+/// check the commit landed (`committed`) or found the batch already there.
+pub async fn assert_outcome(sink: &dyn Sink, info: &CommitInfo, values: &[i64], committed: bool) {
+    let staged = stage(sink, info.batch_id, values).await;
+    let outcome = sink.commit(staged, info).await.unwrap();
+    let landed = matches!(outcome, CommitOutcome::Committed { .. });
+    assert_eq!(
+        landed, committed,
+        "batch {} ({:?}): {outcome:?}",
+        info.batch_id, info.write
+    );
+}
+
 /// The contract every sink keeps, run against fresh tables from `target`
 /// (called with a name per scenario). Panics, naming the scenario's
 /// batch, on the first breach.
@@ -158,33 +172,27 @@ pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
         ..info("q", id)
     };
     assert_committed(&*a, "q", 0, &[40, 41]).await;
-    let outcome = a
-        .commit(stage(&*a, 1, &[42]).await, &replace(1))
-        .await
-        .unwrap();
-    assert!(
-        matches!(outcome, CommitOutcome::Committed { .. }),
-        "{outcome:?}"
-    );
+    assert_outcome(&*a, &replace(1), &[42], true).await;
     assert_eq!(t.values().await, vec![42]);
-    let outcome = a
-        .commit(stage(&*a, 2, &[43, 44]).await, &replace(2))
-        .await
-        .unwrap();
-    assert!(
-        matches!(outcome, CommitOutcome::Committed { .. }),
-        "{outcome:?}"
-    );
-    let b = t.writer().await;
-    let outcome = b
-        .commit(stage(&*b, 2, &[99]).await, &replace(2))
-        .await
-        .unwrap();
-    assert!(
-        matches!(outcome, CommitOutcome::AlreadyCommitted { .. }),
-        "{outcome:?}"
-    );
+    assert_outcome(&*a, &replace(2), &[43, 44], true).await;
+    assert_outcome(&*t.writer().await, &replace(2), &[99], false).await;
     assert_eq!(t.values().await, vec![43, 44]);
+
+    // An upsert replaces the rows with its keys and adds the others; a
+    // replay of it (by another writer) changes nothing.
+    let t = target("upsert");
+    let a = t.writer().await;
+    let upsert = |id| CommitInfo {
+        write: WriteMode::Upsert {
+            keys: vec!["v".into()],
+        },
+        ..info("q", id)
+    };
+    assert_committed(&*a, "q", 0, &[50, 51]).await;
+    assert_outcome(&*a, &upsert(1), &[51, 52], true).await;
+    assert_eq!(t.values().await, vec![50, 51, 52]);
+    assert_outcome(&*t.writer().await, &upsert(1), &[53], false).await;
+    assert_eq!(t.values().await, vec![50, 51, 52]);
 
     // Parts staged by another kind of sink are refused, naming the batch.
     let t = target("foreign");

@@ -70,12 +70,12 @@ fn write_timed_events(dir: &std::path::Path, files: usize, rows: usize) {
     }
 }
 
-fn windowed_job(input: &std::path::Path, table: &std::path::Path) -> String {
+fn windowed_job(input: &std::path::Path, table: &std::path::Path, mode: &str) -> String {
     format!(
         "CREATE UNBOUNDED EXTERNAL TABLE events (ts TIMESTAMP, user_id BIGINT, amount BIGINT)\n\
          STORED AS JSON LOCATION '{}'\n\
          OPTIONS ('max_files_per_trigger' '1', 'event_time' 'ts', 'watermark_delay' '1 minute');\n\
-         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}';\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}' OPTIONS ('output_mode' '{mode}');\n\
          INSERT INTO out\n\
          SELECT window.start AS minute, user_id, count(*) AS n, sum(amount) AS total, \
          min(amount) AS low, avg(amount) AS mean\n\
@@ -85,8 +85,10 @@ fn windowed_job(input: &std::path::Path, table: &std::path::Path) -> String {
     )
 }
 
-#[test]
-fn sigkill_during_a_windowed_aggregation_writes_what_a_run_without_kills_writes() {
+/// A windowed aggregation in output mode `mode`, killed at random moments
+/// and restarted until done, ends with the table a run without kills
+/// writes.
+fn windowed_sigkill_loop(mode: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let input = dir.join("in");
@@ -94,16 +96,20 @@ fn sigkill_during_a_windowed_aggregation_writes_what_a_run_without_kills_writes(
     // The reference: the same input, no kills.
     std::fs::write(
         dir.join("clean.sql"),
-        windowed_job(&input, &dir.join("clean")),
+        windowed_job(&input, &dir.join("clean"), mode),
     )
     .unwrap();
     let o = run_available_now(dir, "clean.sql", "clean_ckpt", &[], &[]);
     assert!(o.status.success(), "{}", text(&o));
     let clean = multiset(&read_py(&dir.join("clean")));
-    // 40 files, 20 s apart: windows close all along, 13 minutes' worth.
+    // 40 files, 20 s apart: 13 minutes of windows, 5 users each.
     assert!(clean.len() >= 50, "only {} groups written", clean.len());
 
-    std::fs::write(dir.join("job.sql"), windowed_job(&input, &dir.join("out"))).unwrap();
+    std::fs::write(
+        dir.join("job.sql"),
+        windowed_job(&input, &dir.join("out"), mode),
+    )
+    .unwrap();
     let kills = kill_until_done(
         dir,
         &RUN_JOB,
@@ -114,4 +120,14 @@ fn sigkill_during_a_windowed_aggregation_writes_what_a_run_without_kills_writes(
     );
     assert!(kills >= 3, "only {kills} kills landed");
     assert_eq!(multiset(&read_py(&dir.join("out"))), clean);
+}
+
+#[test]
+fn sigkill_during_a_windowed_aggregation_writes_what_a_run_without_kills_writes() {
+    windowed_sigkill_loop("append");
+}
+
+#[test]
+fn sigkill_during_an_update_mode_aggregation_merges_what_a_run_without_kills_merges() {
+    windowed_sigkill_loop("update");
 }

@@ -116,6 +116,8 @@ pub(crate) struct StatefulAggregate {
     mode: OutputMode,
     /// Event time per source name.
     event_times: BTreeMap<String, EventTime>,
+    /// The output columns carrying the group keys (update mode).
+    keys: Vec<String>,
 }
 
 /// The aggregation found in a batch's physical plan.
@@ -265,14 +267,23 @@ impl StatefulAggregate {
             window: found.window.as_ref().map(|(i, _, u)| (*i, *u)),
             mode,
             event_times,
+            keys: Vec::new(),
         }))
+    }
+
+    /// Merge update-mode output into the table by these output columns.
+    pub(crate) fn set_keys(&mut self, keys: Vec<String>) {
+        self.keys = keys;
     }
 
     /// How the aggregation's output changes the table.
     pub(crate) fn write_mode(&self) -> lakestream_sink::WriteMode {
         match self.mode {
             OutputMode::Complete => lakestream_sink::WriteMode::ReplaceAll,
-            _ => lakestream_sink::WriteMode::Append,
+            OutputMode::Update => lakestream_sink::WriteMode::Upsert {
+                keys: self.keys.clone(),
+            },
+            OutputMode::Append => lakestream_sink::WriteMode::Append,
         }
     }
 
@@ -378,6 +389,7 @@ impl StatefulAggregate {
             ..Default::default()
         };
         let parts = rebatch(&schema, parts).map_err(df)?;
+        let mut changed: Vec<RecordBatch> = Vec::new();
         if !parts.is_empty() {
             let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
             let buckets = self.buckets(&new).map_err(df)?;
@@ -391,16 +403,30 @@ impl StatefulAggregate {
                 collect(Arc::new(merge), ctx.clone()).await.map_err(df)?,
             )
             .map_err(df)?;
-            for b in merged {
+            for b in &merged {
                 progress.rows_updated += b.num_rows() as u64;
-                let buckets = self.buckets(&b).map_err(df)?;
-                store.upsert(&b, &buckets)?;
+                let buckets = self.buckets(b).map_err(df)?;
+                store.upsert(b, &buckets)?;
             }
+            changed = merged;
         }
         let finished = match (self.mode, threshold) {
             (OutputMode::Append, Some(t)) => store.evict_through(t)?,
+            (OutputMode::Append, None) => None,
             (OutputMode::Complete, _) => store.all()?,
-            _ => None,
+            (OutputMode::Update, t) => {
+                // A closed window was written when it last changed: its
+                // state goes, without output.
+                if let Some(t) = t
+                    && let Some(gone) = store.evict_through(t)?
+                {
+                    progress.rows_evicted = gone.num_rows() as u64;
+                }
+                match changed.as_slice() {
+                    [] => None,
+                    batches => Some(concat_batches(&schema, batches).map_err(|e| df(e.into()))?),
+                }
+            }
         };
         let top_schema = found.top.schema();
         let mut out = Vec::new();

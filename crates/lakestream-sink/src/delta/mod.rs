@@ -58,6 +58,7 @@ use lakestream_storage::Location;
 
 mod append;
 mod maintenance;
+mod merge;
 mod schema;
 mod txn;
 mod writer;
@@ -616,19 +617,20 @@ impl Sink for DeltaSink {
             HashMap::from([("lakestream".to_string(), serde_json::Value::Object(meta))]);
         let replace = info.write == WriteMode::ReplaceAll;
         let operation = DeltaOperation::StreamingUpdate {
-            output_mode: if replace {
-                OutputMode::Complete
-            } else {
-                OutputMode::Append
+            output_mode: match info.write {
+                WriteMode::Append => OutputMode::Append,
+                WriteMode::ReplaceAll => OutputMode::Complete,
+                WriteMode::Upsert { .. } => OutputMode::Update,
             },
             query_id: info.query_id.clone(),
             epoch_id: batch,
         };
         let transaction = Transaction::new(&info.query_id, batch);
 
-        // A replacement removes every file of the table: it needs the file
-        // list, so it goes through delta-rs's commit below.
-        let append = if replace {
+        // A replacement removes every file of the table and an upsert
+        // rewrites the files holding its keys: both need the file list, so
+        // they go through delta-rs below.
+        let append = if info.write != WriteMode::Append {
             Append::NotApplicable
         } else {
             self.append_commit(
@@ -670,6 +672,34 @@ impl Sink for DeltaSink {
             .with_cleanup_expired_logs(Some((next + 1).is_multiple_of(cleanup_every(interval))))
             .with_application_transaction(transaction)
             .with_metadata(app_metadata);
+        if let WriteMode::Upsert { keys } = &info.write
+            && actions.iter().any(|a| matches!(a, Action::Add(_)))
+        {
+            let merged = self
+                .upsert(table, &actions, keys, props, info.batch_id)
+                .await;
+            return match merged {
+                Ok(version) => {
+                    if let Some(meta) = self.load_meta().await? {
+                        loaded.meta = meta;
+                    }
+                    self.set_head(version);
+                    self.remember_txn(&info.query_id, version, Some(batch))
+                        .await;
+                    Ok(CommitOutcome::Committed { version })
+                }
+                Err(e) => {
+                    // Another attempt of this batch may have merged first.
+                    self.refresh(loaded).await?;
+                    match self.txn_version(loaded, &info.query_id).await? {
+                        Some(v) if v >= batch => Ok(CommitOutcome::AlreadyCommitted {
+                            version: self.head(loaded).unwrap_or_default(),
+                        }),
+                        _ => Err(e),
+                    }
+                }
+            };
+        }
         let state = table.snapshot().map_err(|e| self.table_err(e))?;
         if replace {
             use futures::TryStreamExt;

@@ -1,0 +1,129 @@
+//! Upserts (an aggregation's update output mode): the batch's rows merged
+//! into the table by key columns with delta-rs's MERGE, in one commit that
+//! also records the batch id.
+//!
+//! The batch's writers have written its rows as Parquet files like any
+//! batch's; they are few (the groups the batch changed), so they are read
+//! back as MERGE's source, and removed once the merge has committed: no
+//! commit ever referenced them.
+
+use datafusion::prelude::{Expr, SessionContext};
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+#[allow(deprecated)]
+use parquet::arrow::async_reader::ParquetObjectReader;
+
+use super::*;
+
+impl DeltaSink {
+    /// Merge the rows of the files in `adds` into `table` by `keys`
+    /// (matched rows updated, others inserted) in one commit with `props`.
+    /// Returns the new table version.
+    pub(super) async fn upsert(
+        &self,
+        table: &mut DeltaTable,
+        adds: &[Action],
+        keys: &[String],
+        props: CommitProperties,
+        batch_id: u64,
+    ) -> Result<u64> {
+        let write_err = |e: Box<dyn std::error::Error + Send + Sync>| Error::Write {
+            table: self.name.clone(),
+            batch_id,
+            source: e,
+        };
+        let store = table.log_store().object_store(None);
+        let mut paths = Vec::new();
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        for a in adds {
+            let Action::Add(add) = a else { continue };
+            let path = object_store::path::Path::from_url_path(&add.path)
+                .map_err(|e| write_err(Box::new(e)))?;
+            #[allow(deprecated)]
+            let reader = ParquetObjectReader::new(store.clone(), path.clone())
+                .with_file_size(add.size.max(0) as u64);
+            let stream = parquet::arrow::ParquetRecordBatchStreamBuilder::new(reader)
+                .await
+                .map_err(|e| write_err(Box::new(e)))?
+                .build()
+                .map_err(|e| write_err(Box::new(e)))?;
+            batches.extend(
+                stream
+                    .try_collect::<Vec<_>>()
+                    .await
+                    .map_err(|e| write_err(Box::new(e)))?,
+            );
+            paths.push(path);
+        }
+        let Some(first) = batches.first() else {
+            return Err(Error::InvalidConfig {
+                table: self.name.clone(),
+                reason: format!("batch {batch_id}: an upsert without rows"),
+            });
+        };
+        let columns: Vec<String> = first
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        for k in keys {
+            if !columns.contains(k) {
+                return Err(Error::InvalidConfig {
+                    table: self.name.clone(),
+                    reason: format!("the upsert key {k} is not a column of the output"),
+                });
+            }
+        }
+        let side =
+            |alias: &str, c: &str| Expr::Column(datafusion::common::Column::new(Some(alias), c));
+        let predicate = keys
+            .iter()
+            .map(|k| {
+                datafusion::logical_expr::binary_expr(
+                    side("target", k),
+                    datafusion::logical_expr::Operator::IsNotDistinctFrom,
+                    side("source", k),
+                )
+            })
+            .reduce(Expr::and)
+            .ok_or_else(|| Error::InvalidConfig {
+                table: self.name.clone(),
+                reason: "an upsert needs at least one key column".into(),
+            })?;
+        let source = SessionContext::new()
+            .read_batches(batches)
+            .map_err(|e| write_err(Box::new(e)))?;
+        let (merged, _metrics) = table
+            .clone()
+            .merge(source, predicate)
+            .with_source_alias("source")
+            .with_target_alias("target")
+            .with_commit_properties(props)
+            .when_matched_update(|u| {
+                columns
+                    .iter()
+                    .fold(u, |u, c| u.update(c.as_str(), side("source", c)))
+            })
+            .and_then(|m| {
+                m.when_not_matched_insert(|i| {
+                    columns
+                        .iter()
+                        .fold(i, |i, c| i.set(c.as_str(), side("source", c)))
+                })
+            })
+            .map_err(|e| self.table_err(e))?
+            .await
+            .map_err(|e| Error::Commit {
+                table: self.name.clone(),
+                batch_id,
+                source: Box::new(e),
+            })?;
+        let version = merged.version().unwrap_or_default();
+        *table = merged;
+        for p in paths {
+            let _ = store.delete(&p).await;
+        }
+        Ok(version)
+    }
+}
