@@ -19,7 +19,9 @@ use tokio::task::JoinHandle;
 use crate::driver::Driver;
 use crate::progress::BatchProgress;
 use crate::provider::{BatchScans, MicroBatchTable};
-use crate::stateful::{EventTime, OutputMode, StatefulAggregate, WindowFunction};
+use crate::stateful::{
+    EventTime, OutputMode, SlidingWindowsFunction, StatefulAggregate, WindowFunction,
+};
 use crate::{Error, FailPoint, Result, Trigger};
 
 /// The query text or plan, as given to the builder.
@@ -99,6 +101,9 @@ impl QueryBuilder {
     pub fn with_context(ctx: SessionContext) -> Self {
         if datafusion::execution::FunctionRegistry::udf(&ctx, "window").is_err() {
             ctx.register_udf(WindowFunction::udf());
+        }
+        if datafusion::execution::FunctionRegistry::udf(&ctx, "sliding_windows").is_err() {
+            ctx.register_udf(SlidingWindowsFunction::udf());
         }
         Self {
             ctx,
@@ -362,7 +367,8 @@ impl QueryBuilder {
                 }
             }
         }
-        let stateful_logical = lakestream_job::stateful_aggregate(&plan, &is_stream).is_some();
+        let stateful_logical = lakestream_job::stateful_aggregate(&plan, &is_stream).is_some()
+            || lakestream_job::stateful_distinct(&plan, &is_stream).is_some();
         let stateful = if stateful_logical {
             // The batch plans' shape, from a plan over no input.
             let mut state = self.ctx.state();
@@ -383,6 +389,15 @@ impl QueryBuilder {
                 Error::Internal("the query's aggregation is missing from its plan".into())
             })?;
             match self.output_mode {
+                OutputMode::Append if agg.is_dedup() => {}
+                _ if agg.is_dedup() => {
+                    return Err(user_error(
+                        "a deduplication (SELECT DISTINCT, or GROUP BY without aggregate \
+                         functions) writes each row once, when first seen: use output_mode \
+                         'append'"
+                            .into(),
+                    ));
+                }
                 OutputMode::Append if !agg.is_windowed() => {
                     return Err(user_error(
                         "an aggregation over a stream without an event-time window cannot \
@@ -408,6 +423,14 @@ impl QueryBuilder {
                 OutputMode::Update => {
                     let positions = lakestream_job::group_key_positions(&plan, &is_stream)
                         .map_err(user_error)?;
+                    if positions.is_empty() {
+                        return Err(user_error(
+                            "update mode merges each group into the table by its GROUP BY \
+                             keys, and this aggregation has none (one group): use \
+                             output_mode 'complete'"
+                                .into(),
+                        ));
+                    }
                     agg.set_keys(
                         positions
                             .into_iter()

@@ -2,7 +2,7 @@
 //! the one aggregation that runs statefully.
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan};
+use datafusion::logical_expr::{Aggregate, Distinct, Expr, LogicalPlan};
 
 use crate::{Job, Result};
 
@@ -26,17 +26,19 @@ pub fn stateful_aggregate<'a>(
     plan: &'a LogicalPlan,
     is_stream: &dyn Fn(&str) -> bool,
 ) -> Option<&'a Aggregate> {
-    let mut node = plan;
-    loop {
-        node = match node {
-            LogicalPlan::Projection(p) => &p.input,
-            LogicalPlan::Filter(f) => &f.input,
-            LogicalPlan::SubqueryAlias(a) => &a.input,
-            LogicalPlan::Aggregate(a) if !streams_in(&a.input, is_stream).is_empty() => {
-                return Some(a);
-            }
-            _ => return None,
-        }
+    match below_stateless_top(plan) {
+        LogicalPlan::Aggregate(a) if !streams_in(&a.input, is_stream).is_empty() => Some(a),
+        _ => None,
+    }
+}
+
+/// `plan` without the projections, filters and aliases at its top.
+fn below_stateless_top(plan: &LogicalPlan) -> &LogicalPlan {
+    match plan {
+        LogicalPlan::Projection(p) => below_stateless_top(&p.input),
+        LogicalPlan::Filter(f) => below_stateless_top(&f.input),
+        LogicalPlan::SubqueryAlias(a) => below_stateless_top(&a.input),
+        other => other,
     }
 }
 
@@ -104,6 +106,22 @@ fn carries(e: &Expr, key: &datafusion::common::Column) -> bool {
     }
 }
 
+/// The stateful deduplication of `plan`: a `SELECT DISTINCT` over a
+/// stream with only projections, filters and aliases above it.
+pub fn stateful_distinct<'a>(
+    plan: &'a LogicalPlan,
+    is_stream: &dyn Fn(&str) -> bool,
+) -> Option<&'a LogicalPlan> {
+    match below_stateless_top(plan) {
+        node @ LogicalPlan::Distinct(Distinct::All(input))
+            if !streams_in(input, is_stream).is_empty() =>
+        {
+            Some(node)
+        }
+        _ => None,
+    }
+}
+
 fn streams_in(plan: &LogicalPlan, is_stream: &dyn Fn(&str) -> bool) -> Vec<String> {
     let mut found = Vec::new();
     let _ = plan.apply_with_subqueries(|node| {
@@ -118,8 +136,8 @@ fn streams_in(plan: &LogicalPlan, is_stream: &dyn Fn(&str) -> bool) -> Vec<Strin
 }
 
 /// What makes `plan` unfit for micro-batches, if anything: over a stream,
-/// one aggregation (`GROUP BY`, with or without an event-time window) at
-/// the top of the query is run statefully; any other aggregation, a
+/// one aggregation (`GROUP BY`, with or without an event-time window) or
+/// `SELECT DISTINCT` at the top of the query is run statefully; any other aggregation, a
 /// window function, sort, limit, distinct or subquery over a stream, a
 /// join of two streams, grouping sets and `DISTINCT` aggregates are
 /// refused.
@@ -128,6 +146,7 @@ pub fn streaming_plan_problem(
     is_stream: &dyn Fn(&str) -> bool,
 ) -> Option<String> {
     let stateful = stateful_aggregate(plan, is_stream);
+    let distinct = stateful_distinct(plan, is_stream);
     if let Some(agg) = stateful {
         let s = streams_in(&agg.input, is_stream).remove(0);
         if agg
@@ -166,6 +185,7 @@ pub fn streaming_plan_problem(
     let _ = plan.apply_with_subqueries(|node| {
         let what = match node {
             LogicalPlan::Aggregate(a) if stateful.is_some_and(|s| std::ptr::eq(s, a)) => None,
+            LogicalPlan::Distinct(_) if distinct.is_some_and(|d| std::ptr::eq(d, node)) => None,
             LogicalPlan::Subquery(_) => Some("a subquery"),
             LogicalPlan::Aggregate(_) => Some(
                 "an aggregation (GROUP BY or an aggregate function) other than one at the \
@@ -174,7 +194,7 @@ pub fn streaming_plan_problem(
             LogicalPlan::Window(_) => Some("a window function"),
             LogicalPlan::Sort(_) => Some("ORDER BY"),
             LogicalPlan::Limit(_) => Some("LIMIT"),
-            LogicalPlan::Distinct(_) => Some("DISTINCT"),
+            LogicalPlan::Distinct(_) => Some("DISTINCT (other than SELECT DISTINCT at the top)"),
             LogicalPlan::RecursiveQuery(_) => Some("a recursive query"),
             _ => None,
         };

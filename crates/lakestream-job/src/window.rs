@@ -39,6 +39,26 @@ fn rewrite_set_expr(body: &mut SetExpr) {
             let GroupByExpr::Expressions(groups, _) = &select.group_by else {
                 return;
             };
+            // A sliding window puts a row in several windows: the rows are
+            // repeated, one per window, below the aggregation.
+            let sliding = groups.iter().position(is_sliding_window).and_then(|i| {
+                let [only] = select.from.as_slice() else {
+                    return None;
+                };
+                if !only.joins.is_empty() {
+                    return None;
+                }
+                Some((i, sliding_source(&only.relation, &groups[i])?))
+            });
+            if let Some((i, from)) = sliding {
+                select.from[0].relation = from;
+                let window = Expr::Identifier(Ident::new(SLIDING_COLUMN));
+                if let GroupByExpr::Expressions(groups, _) = &mut select.group_by {
+                    groups[i] = window.clone();
+                }
+                rewrite_references(select, "window", &window);
+                return;
+            }
             let windows: Vec<(String, Expr)> = groups
                 .iter()
                 .filter_map(|g| match g {
@@ -54,6 +74,65 @@ fn rewrite_set_expr(body: &mut SetExpr) {
             let [(name, window)] = windows.as_slice() else {
                 return;
             };
+            let (name, window) = (name.clone(), window.clone());
+            rewrite_references(select, &name, &window);
+        }
+        SetExpr::Query(q) => rewrite_window_references(q),
+        SetExpr::SetOperation { left, right, .. } => {
+            rewrite_set_expr(left);
+            rewrite_set_expr(right);
+        }
+        _ => {}
+    }
+}
+
+/// The column a sliding window's rows carry their window in.
+pub const SLIDING_COLUMN: &str = "__lakestream_window";
+
+/// `window(ts, size, slide)` with a slide other than its size.
+fn is_sliding_window(e: &Expr) -> bool {
+    let Expr::Function(f) = e else { return false };
+    if !f.name.to_string().eq_ignore_ascii_case("window") {
+        return false;
+    }
+    let text = e.to_string();
+    let quoted: Vec<&str> = text.split('\'').skip(1).step_by(2).collect();
+    match quoted.as_slice() {
+        [.., size, slide] if quoted.len() >= 2 => {
+            let (a, b) = (crate::parse_duration(size), crate::parse_duration(slide));
+            a.is_some() && b.is_some() && a != b
+        }
+        _ => false,
+    }
+}
+
+/// `(SELECT *, unnest(sliding_windows(ts, size, slide)) AS
+/// __lakestream_window FROM t [AS a]) AS a`: the table `relation` with one
+/// row per window of each row, under the same name.
+fn sliding_source(relation: &TableFactor, window: &Expr) -> Option<TableFactor> {
+    let TableFactor::Table { name, alias, .. } = relation else {
+        return None;
+    };
+    let visible = match alias {
+        Some(a) => a.name.to_string(),
+        None => name.0.last()?.to_string(),
+    };
+    let call = window.to_string();
+    let args = &call[call.find('(')?..];
+    let text = format!(
+        "(SELECT *, unnest(sliding_windows{args}) AS {SLIDING_COLUMN} FROM {relation}) AS {visible}"
+    );
+    Parser::new(&GenericDialect {})
+        .try_with_sql(&text)
+        .and_then(|mut p| p.parse_table_factor())
+        .ok()
+}
+
+/// Rewrite `name.<field>` and `name` in the projection and `HAVING` of
+/// `select` into accesses of `window`.
+fn rewrite_references(select: &mut ast::Select, name: &str, window: &Expr) {
+    {
+        {
             for item in &mut select.projection {
                 if let SelectItem::UnnamedExpr(e) = item
                     && let Some(alias) = implicit_name(e, name)
@@ -75,12 +154,6 @@ fn rewrite_set_expr(body: &mut SetExpr) {
                 });
             }
         }
-        SetExpr::Query(q) => rewrite_window_references(q),
-        SetExpr::SetOperation { left, right, .. } => {
-            rewrite_set_expr(left);
-            rewrite_set_expr(right);
-        }
-        _ => {}
     }
 }
 

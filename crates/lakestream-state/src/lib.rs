@@ -121,6 +121,35 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 type Rows = HashMap<Box<[u8]>, Box<[u8]>>;
 
+/// The row encoding of a store's key or value columns; with none (a
+/// deduplication keeps keys only; an aggregation without `GROUP BY` has
+/// one group) every row encodes as empty.
+struct Values(Option<RowConverter>);
+
+impl Values {
+    /// Each of the `n` rows of `columns`, encoded.
+    fn encode(&self, columns: &[ArrayRef], n: usize) -> Result<Vec<Box<[u8]>>, ArrowError> {
+        match &self.0 {
+            None => Ok(vec![Box::default(); n]),
+            Some(c) => {
+                let rows = c.convert_columns(columns)?;
+                Ok(rows.iter().map(|r| r.as_ref().into()).collect())
+            }
+        }
+    }
+
+    /// The columns of `values` (encoded rows).
+    fn decode(&self, values: &[&[u8]]) -> Result<Vec<ArrayRef>, ArrowError> {
+        match &self.0 {
+            None => Ok(Vec::new()),
+            Some(c) => {
+                let p = c.parser();
+                c.convert_rows(values.iter().map(|v| p.parse(v)))
+            }
+        }
+    }
+}
+
 /// A key's change since the last commit, by `(bucket, key)`: `Some(value)`
 /// upserted, `None` removed.
 type Changes = HashMap<(i64, Box<[u8]>), Option<Box<[u8]>>>;
@@ -131,8 +160,8 @@ pub struct StateStore {
     operator: String,
     schema: SchemaRef,
     keys: usize,
-    key_rows: RowConverter,
-    value_rows: RowConverter,
+    key_rows: Values,
+    value_rows: Values,
     buckets: BTreeMap<i64, Rows>,
     /// Changes since the last commit.
     pending: Changes,
@@ -182,8 +211,14 @@ impl StateStore {
             operator: operator.to_string(),
             source,
         };
-        let key_rows = RowConverter::new(sort_fields(&fields[..keys])?).map_err(arrow_err)?;
-        let value_rows = RowConverter::new(sort_fields(&fields[keys..])?).map_err(arrow_err)?;
+        let key_rows = match &fields[..keys] {
+            [] => Values(None),
+            k => Values(Some(RowConverter::new(sort_fields(k)?).map_err(arrow_err)?)),
+        };
+        let value_rows = match &fields[keys..] {
+            [] => Values(None),
+            v => Values(Some(RowConverter::new(sort_fields(v)?).map_err(arrow_err)?)),
+        };
         Ok(Self {
             location,
             operator: operator.to_string(),
@@ -404,18 +439,17 @@ impl StateStore {
                 .clone();
             let keys = self
                 .key_rows
-                .convert_columns(&batch.columns()[..self.keys])
+                .encode(&batch.columns()[..self.keys], batch.num_rows())
                 .map_err(|e| corrupt(e.to_string()))?;
             let values = self
                 .value_rows
-                .convert_columns(&batch.columns()[self.keys..n])
+                .encode(&batch.columns()[self.keys..n], batch.num_rows())
                 .map_err(|e| corrupt(e.to_string()))?;
-            for i in 0..batch.num_rows() {
-                let key: Box<[u8]> = keys.row(i).as_ref().into();
+            for (i, (key, value)) in keys.into_iter().zip(values).enumerate() {
                 if removed.value(i) {
                     self.remove(buckets.value(i), &key);
                 } else {
-                    self.put(buckets.value(i), key, values.row(i).as_ref().into());
+                    self.put(buckets.value(i), key, value);
                 }
             }
         }
@@ -452,12 +486,11 @@ impl StateStore {
     pub fn lookup(&self, batch: &RecordBatch, buckets: &[i64]) -> Result<Option<RecordBatch>> {
         let keys = self
             .key_rows
-            .convert_columns(&batch.columns()[..self.keys])
+            .encode(&batch.columns()[..self.keys], batch.num_rows())
             .map_err(self.arrow_err())?;
         let mut seen = std::collections::HashSet::new();
         let (mut found_keys, mut found_values) = (Vec::new(), Vec::new());
-        for (i, &bucket) in buckets.iter().enumerate() {
-            let key = keys.row(i);
+        for (key, &bucket) in keys.iter().zip(buckets) {
             if let Some(rows) = self.buckets.get(&bucket)
                 && let Some((k, v)) = rows.get_key_value(key.as_ref())
                 && seen.insert(k.as_ref())
@@ -477,20 +510,36 @@ impl StateStore {
     pub fn upsert(&mut self, batch: &RecordBatch, buckets: &[i64]) -> Result<()> {
         let keys = self
             .key_rows
-            .convert_columns(&batch.columns()[..self.keys])
+            .encode(&batch.columns()[..self.keys], batch.num_rows())
             .map_err(self.arrow_err())?;
         let values = self
             .value_rows
-            .convert_columns(&batch.columns()[self.keys..])
+            .encode(&batch.columns()[self.keys..], batch.num_rows())
             .map_err(self.arrow_err())?;
-        for (i, &bucket) in buckets.iter().enumerate() {
-            let key: Box<[u8]> = keys.row(i).as_ref().into();
-            let value: Box<[u8]> = values.row(i).as_ref().into();
+        for ((key, value), &bucket) in keys.into_iter().zip(values).zip(buckets) {
             self.pending
                 .insert((bucket, key.clone()), Some(value.clone()));
             self.put(bucket, key, value);
         }
         Ok(())
+    }
+
+    /// For each row of `batch` (only its key columns are read), whether the
+    /// store holds its key in `buckets[i]`.
+    pub fn contains(&self, batch: &RecordBatch, buckets: &[i64]) -> Result<Vec<bool>> {
+        let keys = self
+            .key_rows
+            .encode(&batch.columns()[..self.keys], batch.num_rows())
+            .map_err(self.arrow_err())?;
+        Ok(keys
+            .iter()
+            .zip(buckets)
+            .map(|(k, b)| {
+                self.buckets
+                    .get(b)
+                    .is_some_and(|rows| rows.contains_key(k.as_ref()))
+            })
+            .collect())
     }
 
     /// Remove and return every row in a bucket at or below `through`.
@@ -531,18 +580,14 @@ impl StateStore {
     }
 
     fn to_batch(&self, keys: &[&[u8]], values: &[&[u8]]) -> Result<RecordBatch> {
-        let kp = self.key_rows.parser();
-        let vp = self.value_rows.parser();
-        let mut columns = self
-            .key_rows
-            .convert_rows(keys.iter().map(|k| kp.parse(k)))
-            .map_err(self.arrow_err())?;
-        columns.extend(
-            self.value_rows
-                .convert_rows(values.iter().map(|v| vp.parse(v)))
-                .map_err(self.arrow_err())?,
-        );
-        RecordBatch::try_new(self.schema.clone(), columns).map_err(self.arrow_err())
+        let mut columns = self.key_rows.decode(keys).map_err(self.arrow_err())?;
+        columns.extend(self.value_rows.decode(values).map_err(self.arrow_err())?);
+        RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(keys.len())),
+        )
+        .map_err(self.arrow_err())
     }
 
     fn file_schema(&self) -> Schema {
@@ -611,20 +656,15 @@ impl StateStore {
             self.file_schema()
                 .with_metadata([(META.to_string(), header.to_string())].into()),
         );
-        let kp = self.key_rows.parser();
-        let vp = self.value_rows.parser();
-        let mut columns: Vec<ArrayRef> = self
-            .key_rows
-            .convert_rows(
-                upserts
-                    .iter()
-                    .map(|(_, k, _)| kp.parse(k))
-                    .chain(removals.iter().map(|(_, k)| kp.parse(k))),
-            )
-            .map_err(self.arrow_err())?;
+        let keys: Vec<&[u8]> = upserts
+            .iter()
+            .map(|u| u.1)
+            .chain(removals.iter().map(|r| r.1))
+            .collect();
+        let mut columns: Vec<ArrayRef> = self.key_rows.decode(&keys).map_err(self.arrow_err())?;
         let values = self
             .value_rows
-            .convert_rows(upserts.iter().map(|(_, _, v)| vp.parse(v)))
+            .decode(&upserts.iter().map(|u| u.2).collect::<Vec<_>>())
             .map_err(self.arrow_err())?;
         for v in values {
             let nulls = new_null_array(v.data_type(), removals.len());
@@ -834,6 +874,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("0.delta.arrow is corrupt"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_store_of_keys_only_keeps_and_forgets_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = Location::parse(dir.path().to_str().unwrap(), &HashMap::new()).unwrap();
+        let keys = Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8, true)]));
+        let batch = |k: &[&str]| {
+            RecordBatch::try_new(
+                keys.clone(),
+                vec![Arc::new(StringArray::from_iter_values(k.iter()))],
+            )
+            .unwrap()
+        };
+        let mut s = StateStore::new(loc.clone(), "dedup", keys.clone(), 1).unwrap();
+        s.load(None).await.unwrap();
+        s.upsert(&batch(&["a", "b"]), &[1, 2]).unwrap();
+        assert_eq!(
+            s.contains(&batch(&["a", "z"]), &[1, 1]).unwrap(),
+            [true, false]
+        );
+        s.commit(0, serde_json::Value::Null).await.unwrap();
+        s.evict_through(1).unwrap();
+        s.commit(1, serde_json::Value::Null).await.unwrap();
+        let mut r = StateStore::new(loc, "dedup", keys.clone(), 1).unwrap();
+        r.load(Some(0)).await.unwrap();
+        assert_eq!(r.rows(), 2);
+        r.load(Some(1)).await.unwrap();
+        assert_eq!(
+            r.contains(&batch(&["a", "b"]), &[1, 2]).unwrap(),
+            [false, true]
+        );
+        assert_eq!(r.all().unwrap().unwrap().num_rows(), 1);
     }
 
     #[test]

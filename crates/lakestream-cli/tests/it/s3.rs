@@ -151,6 +151,18 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// `lakestream run job.sql` to the end of the input, checkpointed at `ckpt`.
+fn run_job_args(ckpt: &str) -> [&str; 6] {
+    [
+        "run",
+        "job.sql",
+        "--checkpoint",
+        ckpt,
+        "--trigger",
+        "available-now",
+    ]
+}
+
 /// The events job with its input, table and checkpoint under `prefix`.
 fn s3_events_job(prefix: &str, max_files: usize) -> String {
     format!(
@@ -174,14 +186,7 @@ fn s3_backfill_survives_sigkill_with_input_checkpoint_and_table_on_s3() {
     s3.upload_dir(&dir.join("in"), &format!("{prefix}input/"));
     std::fs::write(dir.join("job.sql"), s3_events_job(&prefix, 1)).unwrap();
     let ckpt = format!("{prefix}ckpt/");
-    let args = [
-        "run",
-        "job.sql",
-        "--checkpoint",
-        &ckpt,
-        "--trigger",
-        "available-now",
-    ];
+    let args = run_job_args(&ckpt);
     let kills = kill_until_done(
         dir,
         &args,
@@ -424,4 +429,80 @@ fn the_s3_backfill_example_runs_against_the_test_server() {
         let id = r["event_id"].as_str().unwrap();
         assert_eq!(r["day"], format!("2026-01-0{}", &id[3..4]), "{r}");
     }
+}
+
+#[test]
+fn a_windowed_aggregation_keeps_its_state_on_s3_through_sigkills() {
+    let s3 = s3();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_timed_events(&dir.join("in"), 20, 30);
+    let prefix = s3.prefix("windowed");
+    s3.upload_dir(&dir.join("in"), &format!("{prefix}input/"));
+
+    // The reference: local input and table, no kills.
+    std::fs::write(
+        dir.join("clean.sql"),
+        windowed_job(
+            &dir.join("in").display().to_string(),
+            &dir.join("clean").display().to_string(),
+            "append",
+        ),
+    )
+    .unwrap();
+    let o = run_available_now(dir, "clean.sql", "clean_ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let clean = multiset(&read_py(&dir.join("clean")));
+    assert!(clean.len() >= 20, "only {} groups written", clean.len());
+
+    // Input, checkpoint (with the state) and table on S3, killed at random.
+    let table = format!("{prefix}table/");
+    std::fs::write(
+        dir.join("job.sql"),
+        windowed_job(&format!("{prefix}input/"), &table, "append"),
+    )
+    .unwrap();
+    let ckpt = format!("{prefix}ckpt/");
+    let args = run_job_args(&ckpt);
+    let kills = kill_until_done(
+        dir,
+        &args,
+        &s3.env(),
+        4,
+        clock_seed(),
+        Duration::from_secs(300),
+    );
+    assert!(kills >= 1, "no kill landed");
+    assert_eq!(multiset(&read_py(&table)), clean);
+    let keys = s3.list(&prefix);
+    let state: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with("ckpt/state/aggregate/"))
+        .collect();
+    assert!(
+        state.iter().any(|k| k.ends_with(".snapshot.arrow")),
+        "{state:?}"
+    );
+
+    // Corrupt state stops the restart before any batch, the file named.
+    s3.upload_many(
+        &prefix,
+        state
+            .iter()
+            .map(|k| ((*k).clone(), b"not arrow".to_vec()))
+            .collect(),
+    );
+    let o = bin()
+        .current_dir(dir)
+        .envs(s3.env())
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = text(&o);
+    assert!(
+        err.contains(&format!("{prefix}ckpt/state/aggregate/"))
+            && err.contains(".arrow is corrupt"),
+        "the error names the file: {err}"
+    );
 }

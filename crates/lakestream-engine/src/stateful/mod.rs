@@ -37,6 +37,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -53,7 +54,7 @@ use serde::Serialize;
 use crate::provider::BatchScans;
 use crate::{Error, Result};
 
-pub(crate) use window::WindowFunction;
+pub(crate) use window::{SlidingWindowsFunction, WindowFunction};
 
 /// When the groups of a stateful query are written to the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -111,13 +112,44 @@ pub struct StateProgress {
 /// The aggregation of a stateful query (see the module docs).
 pub(crate) struct StatefulAggregate {
     store: tokio::sync::Mutex<StateStore>,
-    /// The index of the window among the group keys, and its time unit.
-    window: Option<(usize, TimeUnit)>,
+    /// The group key that says when a group may be evicted: a window
+    /// (evicted after its end) or, in a deduplication, the event time.
+    evict: Option<Evict>,
+    /// A deduplication: an aggregation without aggregate functions
+    /// (`SELECT DISTINCT`, or `GROUP BY` alone), whose groups are written
+    /// once, when first seen.
+    dedup: bool,
     mode: OutputMode,
     /// Event time per source name.
     event_times: BTreeMap<String, EventTime>,
     /// The output columns carrying the group keys (update mode).
     keys: Vec<String>,
+}
+
+/// The group key whose value says when a group may be evicted.
+#[derive(Debug, Clone, Copy)]
+struct Evict {
+    /// Its index among the group keys.
+    index: usize,
+    /// The unit of its timestamps.
+    unit: TimeUnit,
+    /// A window struct (evicted after its `end`), or a timestamp (evicted
+    /// after it).
+    window: bool,
+}
+
+impl Evict {
+    /// The eviction time of each value of `column` (this key's column), in
+    /// its unit; NULL for a NULL window or time.
+    fn times(&self, column: &ArrayRef) -> DfResult<arrow::array::PrimitiveArray<Int64Type>> {
+        if self.window {
+            window_ends(column)
+        } else {
+            Ok(cast(column, &DataType::Int64)?
+                .as_primitive::<Int64Type>()
+                .clone())
+        }
+    }
 }
 
 /// The aggregation found in a batch's physical plan.
@@ -219,12 +251,22 @@ fn find(plan: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Found>> {
             "GROUPING SETS, ROLLUP and CUBE over a stream are not supported yet".into(),
         ));
     }
+    // `window(ts, size)`, or the column a sliding window's rows carry
+    // their window in.
+    let input_schema = partial.input_schema();
     let window = group_by.expr().iter().enumerate().find_map(|(i, (e, _))| {
-        let f = e.downcast_ref::<ScalarFunctionExpr>()?;
-        if f.name() != "window" {
-            return None;
-        }
-        match f.return_type() {
+        let data_type = match e.downcast_ref::<ScalarFunctionExpr>() {
+            Some(f) if f.name() == "window" => f.return_type().clone(),
+            Some(_) => return None,
+            None => {
+                let c = e.downcast_ref::<Column>()?;
+                if c.name() != lakestream_job::window::SLIDING_COLUMN {
+                    return None;
+                }
+                e.data_type(&input_schema).ok()?
+            }
+        };
+        match &data_type {
             DataType::Struct(fields) => match fields.first()?.data_type() {
                 DataType::Timestamp(unit, _) => Some((i, e.clone(), *unit)),
                 _ => None,
@@ -261,10 +303,48 @@ impl StatefulAggregate {
             .map_err(|e| Error::Plan(Box::new(e)))?
             .schema();
         let keys = found.group_by.expr().len();
-        let store = StateStore::new(checkpoint.clone(), "aggregate", schema, keys)?;
+        let dedup = found.aggr.is_empty();
+        let store = StateStore::new(
+            checkpoint.clone(),
+            if dedup { "dedup" } else { "aggregate" },
+            schema,
+            keys,
+        )?;
+        let evict = match &found.window {
+            Some((index, _, unit)) => Some(Evict {
+                index: *index,
+                unit: *unit,
+                window: true,
+            }),
+            // A deduplication keyed by a stream's event time forgets a key
+            // once the watermark passes its time.
+            None if dedup => {
+                found
+                    .group_by
+                    .expr()
+                    .iter()
+                    .enumerate()
+                    .find_map(|(index, (e, _))| {
+                        let c = e.downcast_ref::<Column>()?;
+                        if !event_times.values().any(|et| et.column == c.name()) {
+                            return None;
+                        }
+                        match e.data_type(&found.input_schema).ok()? {
+                            DataType::Timestamp(unit, _) => Some(Evict {
+                                index,
+                                unit,
+                                window: false,
+                            }),
+                            _ => None,
+                        }
+                    })
+            }
+            None => None,
+        };
         Ok(Some(Self {
             store: tokio::sync::Mutex::new(store),
-            window: found.window.as_ref().map(|(i, _, u)| (*i, *u)),
+            evict,
+            dedup,
             mode,
             event_times,
             keys: Vec::new(),
@@ -289,7 +369,13 @@ impl StatefulAggregate {
 
     /// True when the aggregation groups by an event-time window.
     pub(crate) fn is_windowed(&self) -> bool {
-        self.window.is_some()
+        self.evict.is_some_and(|e| e.window)
+    }
+
+    /// True for a deduplication (no aggregate functions): each group is
+    /// written once, when first seen.
+    pub(crate) fn is_dedup(&self) -> bool {
+        self.dedup
     }
 
     /// The event-time column per source name.
@@ -326,10 +412,12 @@ impl StatefulAggregate {
     /// True when a batch without new input would emit rows: in `append`
     /// mode, some window held ends at or before `watermark`.
     pub(crate) async fn has_output_at(&self, watermark: Option<i64>) -> bool {
-        let (Some((_, unit)), Some(w), OutputMode::Append) = (self.window, watermark, self.mode)
+        let (Some(evict), Some(w), OutputMode::Append, false) =
+            (self.evict, watermark, self.mode, self.dedup)
         else {
             return false;
         };
+        let unit = evict.unit;
         let store = self.store.lock().await;
         store
             .first_bucket()
@@ -363,17 +451,18 @@ impl StatefulAggregate {
         }
         let schema = store.schema().clone();
         // Complete mode keeps every group (and so takes late rows too).
-        let threshold = match (self.window, watermark_ms, self.mode) {
+        let threshold = match (self.evict, watermark_ms, self.mode) {
             (_, _, OutputMode::Complete) => None,
-            (Some((_, unit)), Some(w), _) => Some(window::ms_in(unit, w)),
+            (Some(e), Some(w), _) => Some(window::ms_in(e.unit, w)),
             _ => None,
         };
         let dropped = Arc::new(AtomicU64::new(0));
         let no_time = Arc::new(AtomicU64::new(0));
-        let raw = match &found.window {
-            Some((_, expr, _)) => late_filter(
+        let raw = match self.evict {
+            Some(evict) => late_filter(
                 found.raw.clone(),
-                expr.clone(),
+                evict,
+                found.group_by.expr()[evict.index].0.clone(),
                 threshold,
                 dropped.clone(),
                 no_time.clone(),
@@ -404,13 +493,36 @@ impl StatefulAggregate {
             )
             .map_err(df)?;
             for b in &merged {
-                progress.rows_updated += b.num_rows() as u64;
                 let buckets = self.buckets(b).map_err(df)?;
+                if self.dedup {
+                    // Only keys not seen before are new output.
+                    let seen = store.contains(b, &buckets)?;
+                    let fresh: BooleanArray = seen.iter().map(|s| Some(!s)).collect();
+                    let fresh = filter_record_batch(b, &fresh).map_err(|e| df(e.into()))?;
+                    if fresh.num_rows() > 0 {
+                        changed.push(fresh);
+                    }
+                } else {
+                    changed.push(b.clone());
+                }
+                progress.rows_updated += b.num_rows() as u64;
                 store.upsert(b, &buckets)?;
             }
-            changed = merged;
         }
         let finished = match (self.mode, threshold) {
+            (OutputMode::Append, _) if self.dedup => {
+                // A key is forgotten once the watermark passes its time:
+                // later rows with it are dropped as late.
+                if let Some(t) = threshold
+                    && let Some(gone) = store.evict_through(t)?
+                {
+                    progress.rows_evicted = gone.num_rows() as u64;
+                }
+                match changed.as_slice() {
+                    [] => None,
+                    batches => Some(concat_batches(&schema, batches).map_err(|e| df(e.into()))?),
+                }
+            }
             (OutputMode::Append, Some(t)) => store.evict_through(t)?,
             (OutputMode::Append, None) => None,
             (OutputMode::Complete, _) => store.all()?,
@@ -431,7 +543,7 @@ impl StatefulAggregate {
         let top_schema = found.top.schema();
         let mut out = Vec::new();
         if let Some(states) = finished {
-            if self.mode == OutputMode::Append {
+            if self.mode == OutputMode::Append && !self.dedup {
                 progress.rows_evicted = states.num_rows() as u64;
             }
             let fin = found
@@ -478,14 +590,14 @@ impl StatefulAggregate {
         Ok(self.store.lock().await.purge_before(keep_from).await?)
     }
 
-    /// The bucket of each row of `states`: its window's end, or `i64::MAX`
-    /// (never evicted) without a window.
+    /// The bucket of each row of `states`: its eviction time (a window's
+    /// end, a deduplicated event time), or `i64::MAX` (never evicted).
     fn buckets(&self, states: &RecordBatch) -> DfResult<Vec<i64>> {
-        let Some((i, _)) = self.window else {
+        let Some(evict) = self.evict else {
             return Ok(vec![i64::MAX; states.num_rows()]);
         };
-        let ends = window_ends(states.column(i))?;
-        Ok(ends.iter().map(|e| e.unwrap_or(i64::MAX)).collect())
+        let times = evict.times(states.column(evict.index))?;
+        Ok(times.iter().map(|e| e.unwrap_or(i64::MAX)).collect())
     }
 }
 
@@ -527,11 +639,12 @@ fn rebatch(schema: &SchemaRef, batches: Vec<RecordBatch>) -> DfResult<Vec<Record
         .collect()
 }
 
-/// `raw` without the rows whose window (`window`, evaluated on them) ends
-/// at or before `threshold` (counted in `dropped`) or is NULL (counted in
-/// `no_time`).
+/// `raw` without the rows whose eviction time (of the key `evict`, its
+/// expression `window` evaluated on them) is at or before `threshold`
+/// (counted in `dropped`) or NULL (counted in `no_time`).
 fn late_filter(
     raw: Arc<dyn ExecutionPlan>,
+    evict: Evict,
     window: Arc<dyn PhysicalExpr>,
     threshold: Option<i64>,
     dropped: Arc<AtomicU64>,
@@ -546,7 +659,7 @@ fn late_filter(
         let stream = input.map(move |batch| {
             let batch = batch?;
             let windows = window.evaluate(&batch)?.into_array(batch.num_rows())?;
-            let ends = window_ends(&windows)?;
+            let ends = evict.times(&windows)?;
             let mut late = 0;
             let mut missing = 0;
             let keep: BooleanArray = ends

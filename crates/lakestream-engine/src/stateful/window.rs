@@ -1,9 +1,14 @@
 //! `window(ts, size)`: the tumbling event-time window of a timestamp, as a
-//! struct `{start, end}` (Spark SQL's function and shape).
+//! struct `{start, end}` (Spark SQL's function and shape); and
+//! `sliding_windows(ts, size, slide)`: the list of the sliding windows a
+//! timestamp falls in, which a query's `GROUP BY window(ts, size, slide)`
+//! is rewritten to unnest (`lakestream_job::window`).
 //!
 //! Windows are aligned to the Unix epoch: `window(ts, '1 minute')` of
 //! 12:00:59.9 is `{start: 12:00:00, end: 12:01:00}`; `start` is inclusive,
-//! `end` exclusive. A NULL timestamp has a NULL window.
+//! `end` exclusive. Sliding windows start every `slide`: 12:07 is in the
+//! 10-minute windows starting every 5 minutes at 12:00 and 12:05. A NULL
+//! timestamp has a NULL window (no window).
 
 use std::sync::Arc;
 
@@ -133,8 +138,9 @@ impl ScalarUDFImpl for WindowFunction {
             let slide = duration_arg(slide, "slide")?;
             if slide != size {
                 return plan_err!(
-                    "window(): sliding windows (a slide shorter than the window) are not \
-                     supported yet; use a tumbling window, window(ts, size)"
+                    "window(ts, size, slide): sliding windows are supported in the GROUP BY of \
+                     a query reading one table (no join); use a tumbling window, \
+                     window(ts, size), here"
                 );
             }
         }
@@ -160,6 +166,109 @@ impl ScalarUDFImpl for WindowFunction {
             vec![start, end],
             nulls,
         )?)))
+    }
+}
+
+/// The `sliding_windows` function (see the module docs).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SlidingWindowsFunction {
+    signature: Signature,
+}
+
+impl SlidingWindowsFunction {
+    /// The function, ready to register.
+    pub(crate) fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        })
+    }
+}
+
+impl ScalarUDFImpl for SlidingWindowsFunction {
+    fn name(&self) -> &str {
+        "sliding_windows"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> DfResult<Vec<DataType>> {
+        if arg_types.len() != 3 {
+            return plan_err!("sliding_windows(ts, size, slide) takes three arguments");
+        }
+        WindowFunction::udf().inner().coerce_types(arg_types)
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> DfResult<DataType> {
+        match &arg_types[0] {
+            DataType::Timestamp(unit, tz) => Ok(DataType::List(Arc::new(Field::new(
+                "item",
+                window_type(*unit, tz.clone()),
+                true,
+            )))),
+            other => plan_err!("window(): the first argument must be a timestamp, not {other}"),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let size = duration_arg(&args.args[1], "window size")?;
+        let slide = duration_arg(&args.args[2], "slide")?;
+        let DataType::Timestamp(unit, tz) = args.args[0].data_type() else {
+            return plan_err!("window(): the first argument must be a timestamp");
+        };
+        let (Some(n), Some(s)) = (size_in(unit, size), size_in(unit, slide)) else {
+            return plan_err!("window(): sizes and slides must be positive and at most a year");
+        };
+        if s > n {
+            return plan_err!(
+                "window(ts, size, slide): the slide ({slide:?}) must not be longer than the \
+                 window ({size:?}), or some rows would be in no window"
+            );
+        }
+        let ts = args.args[0].to_array(args.number_rows)?;
+        let ts = arrow::compute::cast(&ts, &DataType::Int64)?;
+        let ts = ts.as_primitive::<arrow::datatypes::Int64Type>();
+        let mut offsets = vec![0i32];
+        let (mut starts, mut ends) = (Vec::new(), Vec::new());
+        for v in ts.iter() {
+            if let Some(v) = v {
+                let last = v - v.rem_euclid(s);
+                let mut first = last;
+                while first - s + n > v {
+                    first -= s;
+                }
+                let mut start = first;
+                while start <= last {
+                    starts.push(start);
+                    ends.push(start.saturating_add(n));
+                    start += s;
+                }
+            }
+            offsets.push(i32::try_from(starts.len()).map_err(|_| {
+                DataFusionError::Execution(
+                    "sliding_windows(): too many windows in one batch".into(),
+                )
+            })?);
+        }
+        let typed = |v: Vec<i64>| -> DfResult<ArrayRef> {
+            let a: ArrayRef = Arc::new(arrow::array::Int64Array::from(v));
+            Ok(arrow::compute::cast(
+                &a,
+                &DataType::Timestamp(unit, tz.clone()),
+            )?)
+        };
+        let DataType::Struct(fields) = window_type(unit, tz.clone()) else {
+            unreachable!("window_type is a struct")
+        };
+        let windows = StructArray::try_new(fields, vec![typed(starts)?, typed(ends)?], None)?;
+        let list = arrow::array::ListArray::try_new(
+            Arc::new(Field::new("item", window_type(unit, tz), true)),
+            arrow::buffer::OffsetBuffer::new(offsets.into()),
+            Arc::new(windows),
+            ts.nulls().cloned(),
+        )?;
+        Ok(ColumnarValue::Array(Arc::new(list)))
     }
 }
 
@@ -206,13 +315,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_timestamp_is_in_every_sliding_window_that_covers_it() {
+        let ctx = SessionContext::new();
+        ctx.register_udf(SlidingWindowsFunction::udf());
+        let df = ctx
+            .sql(
+                "SELECT CAST(get_field(w, 'start') AS VARCHAR) AS s FROM (SELECT \
+                 unnest(sliding_windows(CAST(t AS TIMESTAMP), '10 minutes', '5 minutes')) AS w \
+                 FROM (VALUES ('2026-01-01T12:07:00'), ('2026-01-01T12:10:00'), (NULL)) AS v(t))",
+            )
+            .await
+            .unwrap();
+        let batches = df.collect().await.unwrap();
+        let mut starts = Vec::new();
+        for b in &batches {
+            let s = arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+            starts.extend(s.as_string::<i32>().iter().map(|v| v.unwrap().to_string()));
+        }
+        assert_eq!(
+            starts,
+            [
+                "2026-01-01T12:00:00",
+                "2026-01-01T12:05:00",
+                "2026-01-01T12:05:00",
+                "2026-01-01T12:10:00"
+            ]
+        );
+    }
+
+    #[tokio::test]
     async fn sliding_windows_and_bad_sizes_are_refused() {
         let ctx = SessionContext::new();
         ctx.register_udf(WindowFunction::udf());
+        ctx.register_udf(SlidingWindowsFunction::udf());
         for (sql, msg) in [
             (
                 "SELECT window(now(), '10 minutes', '5 minutes')",
-                "sliding windows",
+                "sliding windows are supported in the GROUP BY",
+            ),
+            (
+                "SELECT sliding_windows(now(), '5 minutes', '10 minutes')",
+                "must not be longer than the window",
             ),
             ("SELECT window(now(), 'soon')", "is not a duration"),
             ("SELECT window(1, '1 minute')", "must be a timestamp"),
