@@ -6,8 +6,9 @@
 //! limit (arrow-json decode + filter + Parquet encode, no engine), many tiny
 //! batches (per-batch overhead), a long table history (commit time), a
 //! windowed aggregation over the backfill input, tiny batches against a
-//! large and a small aggregation state, and, with a broker, Kafka versus a
-//! raw consume + decode loop.
+//! large and a small aggregation state, update-mode batches merging 100
+//! groups into a large and a small table, and, with a broker, Kafka versus
+//! a raw consume + decode loop.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -231,18 +232,7 @@ fn state_cost(dir: &Path, groups: u64, tiny: u64) -> anyhow::Result<(f64, f64, u
          FROM events GROUP BY window(ts, '1 day'), user_id;",
     )?;
     let r = run_job(dir, "state.sql", "ckpt")?;
-    let mut totals: Vec<f64> = r
-        .progress
-        .iter()
-        .skip(1)
-        .filter_map(|p| p["durations"]["total_ms"].as_f64())
-        .collect();
-    if totals.len() as u64 != tiny {
-        bail!(
-            "the state workload ran {} tiny batches, expected {tiny}",
-            totals.len()
-        );
-    }
+    let mut totals = times_after_first(&r, tiny, "state")?;
     let held = r
         .progress
         .last()
@@ -258,6 +248,57 @@ fn state_cost(dir: &Path, groups: u64, tiny: u64) -> anyhow::Result<(f64, f64, u
         .unwrap_or(0);
     totals.sort_by(f64::total_cmp);
     Ok((percentile(&totals, 0.5), percentile(&totals, 0.9), bytes))
+}
+
+/// The batch times (ms) of run `r` after its first batch, which must be
+/// `expected` batches of the `what` workload.
+fn times_after_first(r: &RunReport, expected: u64, what: &str) -> anyhow::Result<Vec<f64>> {
+    let totals: Vec<f64> = r
+        .progress
+        .iter()
+        .skip(1)
+        .filter_map(|p| p["durations"]["total_ms"].as_f64())
+        .collect();
+    if totals.len() as u64 != expected {
+        bail!(
+            "the {what} workload ran {} batches after its first, expected {expected}",
+            totals.len()
+        );
+    }
+    Ok(totals)
+}
+
+/// Update mode: a first batch writes `rows` groups (one per user) into the
+/// table, then `batches` batches each change 100 of them, merged into the
+/// table by key. Returns the median time of those batches (ms).
+fn update_cost(dir: &Path, rows: u64, batches: u64) -> anyhow::Result<f64> {
+    let input = dir.join("events");
+    std::fs::create_dir_all(&input)?;
+    let line = |user: u64| format!("{{\"user_id\":{user},\"amount\":1.5}}\n");
+    let mut w = std::io::BufWriter::new(std::fs::File::create(input.join("f000000.json"))?);
+    for u in 0..rows {
+        w.write_all(line(u).as_bytes())?;
+    }
+    w.flush()?;
+    for i in 1..=batches {
+        // 100 keys spread over the whole key range.
+        let body: String = (0..100)
+            .map(|j| line((j * rows / 100 + i * 7) % rows))
+            .collect();
+        std::fs::write(input.join(format!("f{i:06}.json")), body)?;
+    }
+    std::fs::write(
+        dir.join("update.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events (user_id BIGINT, amount DOUBLE)
+         STORED AS JSON LOCATION 'events/' OPTIONS ('max_files_per_trigger' '1');
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out' OPTIONS ('output_mode' 'update');
+         INSERT INTO out SELECT user_id, count(*) AS n, sum(amount) AS total
+         FROM events GROUP BY user_id;",
+    )?;
+    let r = run_job(dir, "update.sql", "ckpt")?;
+    let mut totals = times_after_first(&r, batches, "update")?;
+    totals.sort_by(f64::total_cmp);
+    Ok(percentile(&totals, 0.5))
 }
 
 fn write_job(dir: &Path, name: &str, table: &str, options: &str) -> anyhow::Result<()> {
@@ -415,6 +456,21 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     figure(
         "ratio.state_large_over_small",
         format!("{:.2}", large_ms.0 / small_ms.0),
+        "x",
+    );
+
+    // 2d. update mode: 100 changed groups a batch merged into a table of a
+    // tenth of the large state's groups, and of all of them
+    let small_rows = (cfg.state_groups / 10).max(1);
+    let update_small = update_cost(&dir.join("update-small"), small_rows, 10)?;
+    let update_large = update_cost(&dir.join("update-large"), cfg.state_groups, 10)?;
+    figure("update.small_rows", small_rows, "rows");
+    figure("update.small_median", format!("{:.2}", update_small), "ms");
+    figure("update.large_rows", cfg.state_groups, "rows");
+    figure("update.large_median", format!("{:.2}", update_large), "ms");
+    figure(
+        "ratio.update_large_over_small",
+        format!("{:.2}", update_large / update_small),
         "x",
     );
 
