@@ -54,31 +54,22 @@ fn windowed_sigkill_loop(mode: &str) {
     let dir = tmp.path();
     let input = dir.join("in");
     write_timed_events(&input, 40, 50);
-    // The reference: the same input, no kills.
-    std::fs::write(
-        dir.join("clean.sql"),
+    let job = |table: &str| {
         windowed_job(
             &input.display().to_string(),
-            &dir.join("clean").display().to_string(),
+            &dir.join(table).display().to_string(),
             mode,
-        ),
-    )
-    .unwrap();
+        )
+    };
+    // The reference: the same input, no kills.
+    std::fs::write(dir.join("clean.sql"), job("clean")).unwrap();
     let o = run_available_now(dir, "clean.sql", "clean_ckpt", &[], &[]);
     assert!(o.status.success(), "{}", text(&o));
     let clean = multiset(&read_py(&dir.join("clean")));
     // 40 files, 20 s apart: 13 minutes of windows, 5 users each.
     assert!(clean.len() >= 50, "only {} groups written", clean.len());
 
-    std::fs::write(
-        dir.join("job.sql"),
-        windowed_job(
-            &input.display().to_string(),
-            &dir.join("out").display().to_string(),
-            mode,
-        ),
-    )
-    .unwrap();
+    std::fs::write(dir.join("job.sql"), job("out")).unwrap();
     let kills = kill_until_done(
         dir,
         &RUN_JOB,

@@ -86,6 +86,8 @@ impl Driver {
             mut prev,
             mut next_id,
             pending,
+            // The watermark the last planned batch ran with.
+            watermark_ms: mut watermark,
         } = self.recover().await?;
         if let Some(entry) = pending {
             let p = self
@@ -104,15 +106,6 @@ impl Driver {
             }
         }
 
-        // The watermark the last planned batch ran with.
-        let mut watermark = match &self.stateful {
-            Some(_) => self
-                .ckpt
-                .latest_offsets()
-                .await?
-                .and_then(|e| e.watermark_ms),
-            None => None,
-        };
         let mut next_start = Instant::now();
         loop {
             if *stop.borrow() {

@@ -24,6 +24,8 @@ pub(super) struct Recovered {
     /// The last batch, when it was written ahead but not marked done: it
     /// re-runs with exactly its logged range before anything new.
     pub(super) pending: Option<OffsetsEntry>,
+    /// The event-time watermark the last planned batch ran with.
+    pub(super) watermark_ms: Option<i64>,
 }
 
 impl Driver {
@@ -99,6 +101,7 @@ impl Driver {
         let mut prev: BTreeMap<String, Option<serde_json::Value>> = BTreeMap::new();
         let mut next_id = 0;
         let mut pending = None;
+        let watermark_ms = last.as_ref().and_then(|e| e.watermark_ms);
         if let Some(entry) = last {
             let committed = self.ckpt.latest_commit().await?.map(|c| c.batch_id);
             for (name, r) in &entry.sources {
@@ -120,6 +123,7 @@ impl Driver {
             prev,
             next_id,
             pending,
+            watermark_ms,
         })
     }
 

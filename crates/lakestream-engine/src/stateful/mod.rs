@@ -509,35 +509,24 @@ impl StatefulAggregate {
                 store.upsert(b, &buckets)?;
             }
         }
-        let finished = match (self.mode, threshold) {
-            (OutputMode::Append, _) if self.dedup => {
-                // A key is forgotten once the watermark passes its time:
-                // later rows with it are dropped as late.
-                if let Some(t) = threshold
-                    && let Some(gone) = store.evict_through(t)?
-                {
-                    progress.rows_evicted = gone.num_rows() as u64;
-                }
-                match changed.as_slice() {
-                    [] => None,
-                    batches => Some(concat_batches(&schema, batches).map_err(|e| df(e.into()))?),
-                }
+        let finished = if self.dedup || self.mode == OutputMode::Update {
+            // The groups this batch changed (a deduplication's: the keys it
+            // saw first) are the output; a group the watermark passed was
+            // written when it last changed, and goes without output.
+            if let Some(t) = threshold
+                && let Some(gone) = store.evict_through(t)?
+            {
+                progress.rows_evicted = gone.num_rows() as u64;
             }
-            (OutputMode::Append, Some(t)) => store.evict_through(t)?,
-            (OutputMode::Append, None) => None,
-            (OutputMode::Complete, _) => store.all()?,
-            (OutputMode::Update, t) => {
-                // A closed window was written when it last changed: its
-                // state goes, without output.
-                if let Some(t) = t
-                    && let Some(gone) = store.evict_through(t)?
-                {
-                    progress.rows_evicted = gone.num_rows() as u64;
-                }
-                match changed.as_slice() {
-                    [] => None,
-                    batches => Some(concat_batches(&schema, batches).map_err(|e| df(e.into()))?),
-                }
+            match changed.as_slice() {
+                [] => None,
+                batches => Some(concat_batches(&schema, batches).map_err(|e| df(e.into()))?),
+            }
+        } else {
+            match (self.mode, threshold) {
+                (OutputMode::Complete, _) => store.all()?,
+                (_, Some(t)) => store.evict_through(t)?,
+                (_, None) => None,
             }
         };
         let top_schema = found.top.schema();
