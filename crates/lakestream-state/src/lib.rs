@@ -150,6 +150,41 @@ impl Values {
     }
 }
 
+/// A secondary index of a store's keys by some of their columns: the
+/// sessions of a session window are looked up by their group keys without
+/// the window. Not written to disk; rebuilt as the state is loaded.
+struct Index {
+    /// The indexed key columns.
+    columns: Vec<usize>,
+    rows: Values,
+    /// Index key → (key → bucket) of the keys held with that index key.
+    map: HashMap<Box<[u8]>, HashMap<Box<[u8]>, i64>>,
+}
+
+impl Index {
+    fn encode(&self, batch: &RecordBatch) -> Result<Vec<Box<[u8]>>, ArrowError> {
+        let columns: Vec<ArrayRef> = self
+            .columns
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        self.rows.encode(&columns, batch.num_rows())
+    }
+
+    fn insert(&mut self, prefix: Box<[u8]>, key: Box<[u8]>, bucket: i64) {
+        self.map.entry(prefix).or_default().insert(key, bucket);
+    }
+
+    fn remove(&mut self, prefix: &[u8], key: &[u8]) {
+        if let Some(keys) = self.map.get_mut(prefix) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.map.remove(prefix);
+            }
+        }
+    }
+}
+
 /// A key's change since the last commit, by `(bucket, key)`: `Some(value)`
 /// upserted, `None` removed.
 type Changes = HashMap<(i64, Box<[u8]>), Option<Box<[u8]>>>;
@@ -172,6 +207,7 @@ pub struct StateStore {
     rows: u64,
     bytes: u64,
     snapshot_interval: u64,
+    index: Option<Index>,
 }
 
 impl std::fmt::Debug for StateStore {
@@ -234,7 +270,33 @@ impl StateStore {
             rows: 0,
             bytes: 0,
             snapshot_interval: SNAPSHOT_INTERVAL,
+            index: None,
         })
+    }
+
+    /// Index the keys by the key columns `columns` (positions among the
+    /// key columns), for [`Self::lookup_indexed`]. Call before loading.
+    pub fn with_index(mut self, columns: Vec<usize>) -> Result<Self> {
+        let fields = self.schema.fields();
+        let sort_fields: Vec<SortField> = columns
+            .iter()
+            .filter(|&&i| i < self.keys)
+            .map(|&i| SortField::new(fields[i].data_type().clone()))
+            .collect();
+        let rows = if sort_fields.is_empty() {
+            Values(None)
+        } else {
+            Values(Some(
+                RowConverter::new(sort_fields).map_err(self.arrow_err())?,
+            ))
+        };
+        let columns = columns.into_iter().filter(|&i| i < self.keys).collect();
+        self.index = Some(Index {
+            columns,
+            rows,
+            map: HashMap::new(),
+        });
+        Ok(self)
     }
 
     /// Write a snapshot after every `n` batches instead of
@@ -301,6 +363,9 @@ impl StateStore {
     /// newest snapshot at or before it and the deltas after that.
     pub async fn load(&mut self, version: Option<u64>) -> Result<()> {
         self.buckets.clear();
+        if let Some(index) = &mut self.index {
+            index.map.clear();
+        }
         self.pending.clear();
         self.rows = 0;
         self.bytes = 0;
@@ -445,18 +510,30 @@ impl StateStore {
                 .value_rows
                 .encode(&batch.columns()[self.keys..n], batch.num_rows())
                 .map_err(|e| corrupt(e.to_string()))?;
+            let prefixes = self
+                .prefixes(&batch)
+                .map_err(|e| corrupt(e.to_string()))?;
             for (i, (key, value)) in keys.into_iter().zip(values).enumerate() {
+                let prefix = prefixes.as_ref().map(|p| p[i].clone());
                 if removed.value(i) {
-                    self.remove(buckets.value(i), &key);
+                    self.remove(buckets.value(i), &key, prefix.as_deref());
                 } else {
-                    self.put(buckets.value(i), key, value);
+                    self.put(buckets.value(i), key, value, prefix);
                 }
             }
         }
         Ok(())
     }
 
-    fn put(&mut self, bucket: i64, key: Box<[u8]>, value: Box<[u8]>) {
+    /// The index key of each row of `batch`, when the store is indexed.
+    fn prefixes(&self, batch: &RecordBatch) -> Result<Option<Vec<Box<[u8]>>>, ArrowError> {
+        self.index.as_ref().map(|i| i.encode(batch)).transpose()
+    }
+
+    fn put(&mut self, bucket: i64, key: Box<[u8]>, value: Box<[u8]>, prefix: Option<Box<[u8]>>) {
+        if let (Some(index), Some(prefix)) = (&mut self.index, prefix) {
+            index.insert(prefix, key.clone(), bucket);
+        }
         let rows = self.buckets.entry(bucket).or_default();
         let (key_len, value_len) = (key.len() as u64, value.len() as u64);
         match rows.insert(key, value) {
@@ -468,7 +545,10 @@ impl StateStore {
         }
     }
 
-    fn remove(&mut self, bucket: i64, key: &[u8]) {
+    fn remove(&mut self, bucket: i64, key: &[u8], prefix: Option<&[u8]>) {
+        if let (Some(index), Some(prefix)) = (&mut self.index, prefix) {
+            index.remove(prefix, key);
+        }
         if let Some(rows) = self.buckets.get_mut(&bucket)
             && let Some(old) = rows.remove(key)
         {
@@ -516,12 +596,71 @@ impl StateStore {
             .value_rows
             .encode(&batch.columns()[self.keys..], batch.num_rows())
             .map_err(self.arrow_err())?;
-        for ((key, value), &bucket) in keys.into_iter().zip(values).zip(buckets) {
+        let prefixes = self.prefixes(batch).map_err(self.arrow_err())?;
+        for (i, ((key, value), &bucket)) in keys.into_iter().zip(values).zip(buckets).enumerate() {
             self.pending
                 .insert((bucket, key.clone()), Some(value.clone()));
-            self.put(bucket, key, value);
+            let prefix = prefixes.as_ref().map(|p| p[i].clone());
+            self.put(bucket, key, value, prefix);
         }
         Ok(())
+    }
+
+    /// Remove the keys of `batch` (only its key columns are read), row `i`
+    /// from `buckets[i]`.
+    pub fn remove_keys(&mut self, batch: &RecordBatch, buckets: &[i64]) -> Result<()> {
+        let keys = self
+            .key_rows
+            .encode(&batch.columns()[..self.keys], batch.num_rows())
+            .map_err(self.arrow_err())?;
+        let prefixes = self.prefixes(batch).map_err(self.arrow_err())?;
+        for (i, (key, &bucket)) in keys.into_iter().zip(buckets).enumerate() {
+            let prefix = prefixes.as_ref().map(|p| p[i].as_ref());
+            let held = self
+                .buckets
+                .get(&bucket)
+                .is_some_and(|rows| rows.contains_key(key.as_ref()));
+            if held {
+                self.remove(bucket, &key, prefix);
+                self.pending.insert((bucket, key), None);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every row held whose indexed columns (see [`Self::with_index`])
+    /// equal those of some row of `batch`, with the bucket of each. `None`
+    /// when there is none or the store has no index.
+    pub fn lookup_indexed(&self, batch: &RecordBatch) -> Result<Option<(RecordBatch, Vec<i64>)>> {
+        let Some(index) = &self.index else {
+            return Ok(None);
+        };
+        let prefixes = index.encode(batch).map_err(self.arrow_err())?;
+        let mut seen = std::collections::HashSet::new();
+        let (mut keys, mut values, mut buckets) = (Vec::new(), Vec::new(), Vec::new());
+        for prefix in &prefixes {
+            if !seen.insert(prefix.as_ref()) {
+                continue;
+            }
+            let Some(held) = index.map.get(prefix.as_ref()) else {
+                continue;
+            };
+            for (key, &bucket) in held {
+                if let Some((k, v)) = self
+                    .buckets
+                    .get(&bucket)
+                    .and_then(|rows| rows.get_key_value(key.as_ref()))
+                {
+                    keys.push(k.as_ref());
+                    values.push(v.as_ref());
+                    buckets.push(bucket);
+                }
+            }
+        }
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((self.to_batch(&keys, &values)?, buckets)))
     }
 
     /// For each row of `batch` (only its key columns are read), whether the
@@ -561,7 +700,15 @@ impl StateStore {
         }
         let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
         let values: Vec<&[u8]> = values.iter().map(|v| v.as_ref()).collect();
-        self.to_batch(&keys, &values).map(Some)
+        let batch = self.to_batch(&keys, &values)?;
+        if let Some(prefixes) = self.prefixes(&batch).map_err(self.arrow_err())?
+            && let Some(index) = &mut self.index
+        {
+            for (prefix, key) in prefixes.iter().zip(&keys) {
+                index.remove(prefix, key);
+            }
+        }
+        Ok(Some(batch))
     }
 
     /// Every row held, `None` when there is none.
@@ -812,6 +959,74 @@ mod tests {
         assert_eq!(r.meta(), &serde_json::json!({"max": 6}));
         assert!(r.lookup(&probe, &[10, 10, 10]).unwrap().is_none());
         assert!(r.is_at(Some(1)));
+    }
+
+    /// Keys (user, session start) indexed by user: a session's state is
+    /// found by its user alone, through removals, evictions and a reload.
+    #[tokio::test]
+    async fn an_index_finds_every_key_sharing_its_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("user", DataType::Utf8, true),
+            Field::new("start", DataType::Int64, true),
+            Field::new("n", DataType::Int64, true),
+        ]));
+        let rows = |r: &[(&str, i64, i64)]| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(StringArray::from_iter_values(r.iter().map(|r| r.0))),
+                    Arc::new(Int64Array::from_iter_values(r.iter().map(|r| r.1))),
+                    Arc::new(Int64Array::from_iter_values(r.iter().map(|r| r.2))),
+                ],
+            )
+            .unwrap()
+        };
+        let found = |s: &StateStore, probe: &RecordBatch| -> Vec<(String, i64, i64, i64)> {
+            let Some((b, buckets)) = s.lookup_indexed(probe).unwrap() else {
+                return Vec::new();
+            };
+            let u = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+            let st = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+            let n = b.column(2).as_any().downcast_ref::<Int64Array>().unwrap();
+            let mut v: Vec<_> = (0..b.num_rows())
+                .map(|i| (u.value(i).to_string(), st.value(i), n.value(i), buckets[i]))
+                .collect();
+            v.sort();
+            v
+        };
+        let open = |dir: &std::path::Path| {
+            let loc = Location::parse(dir.to_str().unwrap(), &HashMap::new()).unwrap();
+            StateStore::new(loc, "session", schema.clone(), 2)
+                .unwrap()
+                .with_index(vec![0])
+                .unwrap()
+        };
+        let mut s = open(dir.path());
+        s.load(None).await.unwrap();
+        s.upsert(
+            &rows(&[("a", 0, 1), ("a", 100, 2), ("b", 5, 3)]),
+            &[10, 110, 15],
+        )
+        .unwrap();
+        let probe = rows(&[("a", -1, 0), ("a", -2, 0)]);
+        assert_eq!(
+            found(&s, &probe),
+            vec![("a".into(), 0, 1, 10), ("a".into(), 100, 2, 110)]
+        );
+        // Session (a, 0) merged away into (a, 100); (b, 5) evicted.
+        s.remove_keys(&rows(&[("a", 0, 0)]), &[10]).unwrap();
+        s.upsert(&rows(&[("a", 100, 3)]), &[110]).unwrap();
+        assert_eq!(s.evict_through(15).unwrap().map(|b| b.num_rows()), Some(1));
+        assert_eq!(found(&s, &probe), vec![("a".into(), 100, 3, 110)]);
+        assert!(found(&s, &rows(&[("b", 0, 0)])).is_empty());
+        s.commit(0, serde_json::Value::Null).await.unwrap();
+
+        let mut r = open(dir.path());
+        r.load(Some(0)).await.unwrap();
+        assert_eq!(r.rows(), 1);
+        assert_eq!(found(&r, &probe), vec![("a".into(), 100, 3, 110)]);
+        assert!(found(&r, &rows(&[("b", 0, 0)])).is_empty());
     }
 
     #[tokio::test]
