@@ -20,7 +20,8 @@ use crate::driver::Driver;
 use crate::progress::BatchProgress;
 use crate::provider::{BatchScans, MicroBatchTable};
 use crate::stateful::{
-    EventTime, OutputMode, SlidingWindowsFunction, StatefulAggregate, WindowFunction,
+    EventTime, OutputMode, SessionWindowFunction, SlidingWindowsFunction, StatefulAggregate,
+    WindowFunction,
 };
 use crate::{Error, FailPoint, Result, Trigger};
 
@@ -104,6 +105,9 @@ impl QueryBuilder {
         }
         if datafusion::execution::FunctionRegistry::udf(&ctx, "sliding_windows").is_err() {
             ctx.register_udf(SlidingWindowsFunction::udf());
+        }
+        if datafusion::execution::FunctionRegistry::udf(&ctx, "session_window").is_err() {
+            ctx.register_udf(SessionWindowFunction::udf());
         }
         Self {
             ctx,
@@ -420,6 +424,16 @@ impl QueryBuilder {
                     ));
                 }
                 OutputMode::Append | OutputMode::Complete => {}
+                OutputMode::Update if agg.is_session() => {
+                    return Err(user_error(
+                        "session windows cannot run in update mode: a session's key (its \
+                         start) changes as later events extend it, so a merge by keys would \
+                         leave the shorter session's row behind; use output_mode 'append' \
+                         (each session once, when the watermark passes its end) or \
+                         'complete'"
+                            .into(),
+                    ));
+                }
                 OutputMode::Update => {
                     let positions = lakestream_job::group_key_positions(&plan, &is_stream)
                         .map_err(user_error)?;

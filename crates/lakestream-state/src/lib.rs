@@ -510,9 +510,7 @@ impl StateStore {
                 .value_rows
                 .encode(&batch.columns()[self.keys..n], batch.num_rows())
                 .map_err(|e| corrupt(e.to_string()))?;
-            let prefixes = self
-                .prefixes(&batch)
-                .map_err(|e| corrupt(e.to_string()))?;
+            let prefixes = self.prefixes(&batch).map_err(|e| corrupt(e.to_string()))?;
             for (i, (key, value)) in keys.into_iter().zip(values).enumerate() {
                 let prefix = prefixes.as_ref().map(|p| p[i].clone());
                 if removed.value(i) {

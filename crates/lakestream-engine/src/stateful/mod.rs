@@ -54,7 +54,7 @@ use serde::Serialize;
 use crate::provider::BatchScans;
 use crate::{Error, Result};
 
-pub(crate) use window::{SlidingWindowsFunction, WindowFunction};
+pub(crate) use window::{SessionWindowFunction, SlidingWindowsFunction, WindowFunction};
 
 /// When the groups of a stateful query are written to the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -136,6 +136,10 @@ struct Evict {
     /// A window struct (evicted after its `end`), or a timestamp (evicted
     /// after it).
     window: bool,
+    /// A session window: the group's sessions that overlap merge, so a row
+    /// is late when it starts before the watermark (it could belong to a
+    /// session already written), not when its own session ends.
+    session: bool,
 }
 
 impl Evict {
@@ -150,6 +154,27 @@ impl Evict {
                 .clone())
         }
     }
+
+    /// True when a row whose key `column` holds these values is too late
+    /// for a batch whose eviction threshold is `threshold`: each row's
+    /// window has ended by then, or, for a session, it starts before it.
+    fn late(&self, column: &ArrayRef, threshold: Option<i64>) -> DfResult<Vec<Option<bool>>> {
+        let (times, strict) = if self.session {
+            (window_bounds(column, 0)?, true)
+        } else {
+            (self.times(column)?, false)
+        };
+        Ok(times
+            .iter()
+            .map(|v| {
+                v.map(|v| match threshold {
+                    Some(t) if strict => v < t,
+                    Some(t) => v <= t,
+                    None => false,
+                })
+            })
+            .collect())
+    }
 }
 
 /// The aggregation found in a batch's physical plan.
@@ -162,8 +187,9 @@ struct Found {
     /// The aggregation's input rows.
     raw: Arc<dyn ExecutionPlan>,
     input_schema: SchemaRef,
-    /// The window among the group keys: index, expression, unit.
-    window: Option<(usize, Arc<dyn PhysicalExpr>, TimeUnit)>,
+    /// The window among the group keys: index, expression, unit, and
+    /// whether it is a session window.
+    window: Option<(usize, Arc<dyn PhysicalExpr>, TimeUnit, bool)>,
 }
 
 impl Found {
@@ -255,8 +281,13 @@ fn find(plan: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Found>> {
     // their window in.
     let input_schema = partial.input_schema();
     let window = group_by.expr().iter().enumerate().find_map(|(i, (e, _))| {
+        let mut session = false;
         let data_type = match e.downcast_ref::<ScalarFunctionExpr>() {
             Some(f) if f.name() == "window" => f.return_type().clone(),
+            Some(f) if f.name() == "session_window" => {
+                session = true;
+                f.return_type().clone()
+            }
             Some(_) => return None,
             None => {
                 let c = e.downcast_ref::<Column>()?;
@@ -268,7 +299,7 @@ fn find(plan: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Found>> {
         };
         match &data_type {
             DataType::Struct(fields) => match fields.first()?.data_type() {
-                DataType::Timestamp(unit, _) => Some((i, e.clone(), *unit)),
+                DataType::Timestamp(unit, _) => Some((i, e.clone(), *unit, session)),
                 _ => None,
             },
             _ => None,
@@ -303,18 +334,24 @@ impl StatefulAggregate {
             .map_err(|e| Error::Plan(Box::new(e)))?
             .schema();
         let keys = found.group_by.expr().len();
-        let dedup = found.aggr.is_empty();
-        let store = StateStore::new(
-            checkpoint.clone(),
-            if dedup { "dedup" } else { "aggregate" },
-            schema,
-            keys,
-        )?;
+        let session = found.window.as_ref().and_then(|w| w.3.then_some(w.0));
+        let dedup = found.aggr.is_empty() && session.is_none();
+        let operator = match (dedup, session) {
+            (true, _) => "dedup",
+            (false, Some(_)) => "session",
+            (false, None) => "aggregate",
+        };
+        let mut store = StateStore::new(checkpoint.clone(), operator, schema, keys)?;
+        if let Some(window) = session {
+            // A group's sessions are found by its keys without the window.
+            store = store.with_index((0..keys).filter(|&k| k != window).collect())?;
+        }
         let evict = match &found.window {
-            Some((index, _, unit)) => Some(Evict {
+            Some((index, _, unit, session)) => Some(Evict {
                 index: *index,
                 unit: *unit,
                 window: true,
+                session: *session,
             }),
             // A deduplication keyed by a stream's event time forgets a key
             // once the watermark passes its time.
@@ -334,6 +371,7 @@ impl StatefulAggregate {
                                 index,
                                 unit,
                                 window: false,
+                                session: false,
                             }),
                             _ => None,
                         }
@@ -370,6 +408,11 @@ impl StatefulAggregate {
     /// True when the aggregation groups by an event-time window.
     pub(crate) fn is_windowed(&self) -> bool {
         self.evict.is_some_and(|e| e.window)
+    }
+
+    /// True when the aggregation groups by a session window.
+    pub(crate) fn is_session(&self) -> bool {
+        self.evict.is_some_and(|e| e.session)
     }
 
     /// True for a deduplication (no aggregate functions): each group is
@@ -479,7 +522,35 @@ impl StatefulAggregate {
         };
         let parts = rebatch(&schema, parts).map_err(df)?;
         let mut changed: Vec<RecordBatch> = Vec::new();
-        if !parts.is_empty() {
+        if let (false, Some(evict)) = (parts.is_empty(), self.evict.filter(|e| e.session)) {
+            // The batch's sessions and the stored sessions of the same
+            // groups, merged where they overlap, replace those stored.
+            let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
+            let old = store.lookup_indexed(&new)?;
+            let mut input = vec![new];
+            if let Some((o, _)) = &old {
+                input.push(o.clone());
+            }
+            let all = concat_batches(&schema, &input).map_err(|e| df(e.into()))?;
+            let all = merge_sessions(&all, evict.index, found.group_by.expr().len()).map_err(df)?;
+            let merge = found
+                .over_states(AggregateMode::PartialReduce, vec![all], &schema)
+                .map_err(df)?;
+            let merged = rebatch(
+                &schema,
+                collect(Arc::new(merge), ctx.clone()).await.map_err(df)?,
+            )
+            .map_err(df)?;
+            if let Some((o, buckets)) = old {
+                store.remove_keys(&o, &buckets)?;
+            }
+            for b in merged {
+                let buckets = self.buckets(&b).map_err(df)?;
+                progress.rows_updated += b.num_rows() as u64;
+                store.upsert(&b, &buckets)?;
+                changed.push(b);
+            }
+        } else if !parts.is_empty() {
             let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
             let buckets = self.buckets(&new).map_err(df)?;
             let mut input = vec![new];
@@ -593,10 +664,19 @@ impl StatefulAggregate {
 /// The `end` of each window in `windows` (a `window(...)` struct column),
 /// in the timestamps' own unit.
 fn window_ends(windows: &ArrayRef) -> DfResult<arrow::array::PrimitiveArray<Int64Type>> {
+    window_bounds(windows, 1)
+}
+
+/// Field `field` (0: start, 1: end) of each window in `windows`, in the
+/// timestamps' own unit; NULL for a NULL window.
+fn window_bounds(
+    windows: &ArrayRef,
+    field: usize,
+) -> DfResult<arrow::array::PrimitiveArray<Int64Type>> {
     let s = windows
         .as_struct_opt()
         .ok_or_else(|| internal(format!("a window column of type {}", windows.data_type())))?;
-    let end = s.column(1);
+    let end = s.column(field);
     let ends = cast(end, &DataType::Int64)?;
     let ends = ends.as_primitive::<Int64Type>().clone();
     // A NULL window (a NULL event time) has no end, whatever the child holds.
@@ -607,6 +687,86 @@ fn window_ends(windows: &ArrayRef) -> DfResult<arrow::array::PrimitiveArray<Int6
         }
         None => ends,
     })
+}
+
+/// `states` (partial states, the group keys first, the session window
+/// key at `window` among the `keys`) with each session replaced by the
+/// union of the sessions of its group it overlaps, directly or through
+/// others: `[0, 5)`, `[3, 8)` and `[8, 9)` of one group become `[0, 8)`,
+/// `[0, 8)` and `[8, 9)`. Aggregating the result by its keys merges the
+/// states of each union.
+fn merge_sessions(states: &RecordBatch, window: usize, keys: usize) -> DfResult<RecordBatch> {
+    let column = states.column(window);
+    let starts = window_bounds(column, 0)?;
+    let ends = window_bounds(column, 1)?;
+    let others: Vec<ArrayRef> = (0..keys)
+        .filter(|&k| k != window)
+        .map(|k| states.column(k).clone())
+        .collect();
+    let groups = if others.is_empty() {
+        None
+    } else {
+        let converter = arrow::row::RowConverter::new(
+            others
+                .iter()
+                .map(|c| arrow::row::SortField::new(c.data_type().clone()))
+                .collect(),
+        )?;
+        Some(converter.convert_columns(&others)?)
+    };
+    // NULL windows (no event time) were filtered out before; keep any
+    // as they are.
+    let mut order: Vec<usize> = (0..states.num_rows())
+        .filter(|&i| starts.is_valid(i) && ends.is_valid(i))
+        .collect();
+    order.sort_by(|&a, &b| {
+        let by_group = match &groups {
+            Some(g) => g.row(a).cmp(&g.row(b)),
+            None => std::cmp::Ordering::Equal,
+        };
+        by_group.then(starts.value(a).cmp(&starts.value(b)))
+    });
+    let mut new_start: Vec<Option<i64>> = starts.iter().collect();
+    let mut new_end: Vec<Option<i64>> = ends.iter().collect();
+    let mut run: Vec<usize> = Vec::new();
+    let mut run_end = i64::MIN;
+    let mut flush = |run: &mut Vec<usize>, end: i64| {
+        if let Some(&first) = run.first() {
+            let start = starts.value(first);
+            for &i in run.iter() {
+                new_start[i] = Some(start);
+                new_end[i] = Some(end);
+            }
+        }
+        run.clear();
+    };
+    for &i in &order {
+        let same_group = match (&groups, run.last()) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(g), Some(&last)) => g.row(i) == g.row(last),
+        };
+        if !(same_group && starts.value(i) < run_end) {
+            flush(&mut run, run_end);
+            run_end = i64::MIN;
+        }
+        run.push(i);
+        run_end = run_end.max(ends.value(i));
+    }
+    flush(&mut run, run_end);
+    let s = column.as_struct();
+    let typed = |v: Vec<Option<i64>>, field: usize| -> DfResult<ArrayRef> {
+        let a: ArrayRef = Arc::new(arrow::array::Int64Array::from(v));
+        Ok(cast(&a, s.column(field).data_type())?)
+    };
+    let merged = arrow::array::StructArray::try_new(
+        s.fields().clone(),
+        vec![typed(new_start, 0)?, typed(new_end, 1)?],
+        s.nulls().cloned(),
+    )?;
+    let mut columns = states.columns().to_vec();
+    columns[window] = Arc::new(merged);
+    Ok(RecordBatch::try_new(states.schema(), columns)?)
 }
 
 fn event_time_max(meta: &serde_json::Value) -> BTreeMap<String, i64> {
@@ -648,22 +808,22 @@ fn late_filter(
         let stream = input.map(move |batch| {
             let batch = batch?;
             let windows = window.evaluate(&batch)?.into_array(batch.num_rows())?;
-            let ends = evict.times(&windows)?;
             let mut late = 0;
             let mut missing = 0;
-            let keep: BooleanArray = ends
-                .iter()
-                .map(|e| {
-                    Some(match (e, threshold) {
-                        (None, _) => {
+            let keep: BooleanArray = evict
+                .late(&windows, threshold)?
+                .into_iter()
+                .map(|l| {
+                    Some(match l {
+                        None => {
                             missing += 1;
                             false
                         }
-                        (Some(end), Some(t)) if end <= t => {
+                        Some(true) => {
                             late += 1;
                             false
                         }
-                        _ => true,
+                        Some(false) => true,
                     })
                 })
                 .collect();
@@ -730,5 +890,74 @@ impl PartitionStream for Once {
                 }),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray, StructArray};
+    use arrow::datatypes::{Field, Schema};
+
+    /// Sessions of two users, `[start, end)` in seconds, merged where they
+    /// overlap, directly or through a third; touching sessions stay apart.
+    #[test]
+    fn overlapping_sessions_of_a_group_merge_into_their_union() {
+        let rows = [
+            ("a", 0, 5),
+            ("a", 8, 9),
+            ("b", 1, 4),
+            ("a", 3, 8),
+            ("a", 9, 12),
+            ("a", 20, 25),
+            ("b", 3, 6),
+        ];
+        let window = window::window_type(TimeUnit::Second, None);
+        let DataType::Struct(fields) = window.clone() else {
+            unreachable!()
+        };
+        let ts = |v: Vec<i64>| {
+            cast(
+                &(Arc::new(Int64Array::from(v)) as ArrayRef),
+                &fields[0].data_type().clone(),
+            )
+            .unwrap()
+        };
+        let windows = StructArray::try_new(
+            fields.clone(),
+            vec![
+                ts(rows.iter().map(|r| r.1).collect()),
+                ts(rows.iter().map(|r| r.2).collect()),
+            ],
+            None,
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("user", DataType::Utf8, true),
+            Field::new("window", window, true),
+            Field::new("n", DataType::Int64, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(windows),
+                Arc::new(Int64Array::from_iter_values(0..rows.len() as i64)),
+            ],
+        )
+        .unwrap();
+        let merged = merge_sessions(&batch, 1, 2).unwrap();
+        let starts = window_bounds(merged.column(1), 0).unwrap();
+        let ends = window_bounds(merged.column(1), 1).unwrap();
+        let got: Vec<(i64, i64)> = (0..rows.len())
+            .map(|i| (starts.value(i), ends.value(i)))
+            .collect();
+        assert_eq!(
+            got,
+            [(0, 8), (8, 9), (1, 6), (0, 8), (9, 12), (20, 25), (1, 6)]
+        );
+        // The value columns and the group keys are untouched.
+        assert_eq!(merged.column(0), batch.column(0));
+        assert_eq!(merged.column(2), batch.column(2));
     }
 }

@@ -2,7 +2,9 @@
 //! struct `{start, end}` (Spark SQL's function and shape); and
 //! `sliding_windows(ts, size, slide)`: the list of the sliding windows a
 //! timestamp falls in, which a query's `GROUP BY window(ts, size, slide)`
-//! is rewritten to unnest (`lakestream_job::window`).
+//! is rewritten to unnest (`lakestream_job::window`); and
+//! `session_window(ts, gap)`, a lone event's session, which the stateful
+//! aggregation merges with the group's other sessions it overlaps.
 //!
 //! Windows are aligned to the Unix epoch: `window(ts, '1 minute')` of
 //! 12:00:59.9 is `{start: 12:00:00, end: 12:01:00}`; `start` is inclusive,
@@ -269,6 +271,77 @@ impl ScalarUDFImpl for SlidingWindowsFunction {
             ts.nulls().cloned(),
         )?;
         Ok(ColumnarValue::Array(Arc::new(list)))
+    }
+}
+
+/// The `session_window` function: `session_window(ts, gap)` is the
+/// session a lone event at `ts` opens, `{start: ts, end: ts + gap}`; the
+/// stateful aggregation merges the sessions of a group that overlap (events
+/// less than `gap` apart) into one.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SessionWindowFunction {
+    signature: Signature,
+}
+
+impl SessionWindowFunction {
+    /// The function, ready to register.
+    pub(crate) fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        })
+    }
+}
+
+impl ScalarUDFImpl for SessionWindowFunction {
+    fn name(&self) -> &str {
+        "session_window"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> DfResult<Vec<DataType>> {
+        if arg_types.len() != 2 {
+            return plan_err!(
+                "session_window() takes a timestamp and a gap: session_window(ts, '5 minutes')"
+            );
+        }
+        WindowFunction::udf().inner().coerce_types(arg_types)
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> DfResult<DataType> {
+        match &arg_types[0] {
+            DataType::Timestamp(unit, tz) => Ok(window_type(*unit, tz.clone())),
+            other => {
+                plan_err!("session_window(): the first argument must be a timestamp, not {other}")
+            }
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let gap = duration_arg(&args.args[1], "session gap")?;
+        let DataType::Timestamp(unit, tz) = args.args[0].data_type() else {
+            return plan_err!("session_window(): the first argument must be a timestamp");
+        };
+        let Some(n) = size_in(unit, gap) else {
+            return plan_err!("session_window(): the gap must be positive and at most a year");
+        };
+        let ts = args.args[0].to_array(args.number_rows)?;
+        let as_ts = |a: ArrayRef| arrow::compute::cast(&a, &DataType::Timestamp(unit, tz.clone()));
+        let ints = arrow::compute::cast(&ts, &DataType::Int64)?;
+        let ends: arrow::array::Int64Array = ints
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .unary(|v| v.saturating_add(n));
+        let DataType::Struct(fields) = window_type(unit, tz.clone()) else {
+            unreachable!("window_type is a struct")
+        };
+        let nulls = ts.nulls().cloned();
+        Ok(ColumnarValue::Array(Arc::new(StructArray::try_new(
+            fields,
+            vec![as_ts(ints)?, as_ts(Arc::new(ends))?],
+            nulls,
+        )?)))
     }
 }
 
