@@ -388,6 +388,7 @@ impl QueryBuilder {
                 &lakestream_storage::Location::parse(&checkpoint, &self.checkpoint_options)?,
                 self.output_mode,
                 self.event_times.clone(),
+                lakestream_job::is_distinct_on(&plan, &is_stream),
             )?
             .ok_or_else(|| {
                 Error::Internal("the query's aggregation is missing from its plan".into())
@@ -396,8 +397,8 @@ impl QueryBuilder {
                 OutputMode::Append if agg.is_dedup() => {}
                 _ if agg.is_dedup() => {
                     return Err(user_error(
-                        "a deduplication (SELECT DISTINCT, or GROUP BY without aggregate \
-                         functions) writes each row once, when first seen: use output_mode \
+                        "a deduplication (SELECT DISTINCT, DISTINCT ON, or GROUP BY without \
+                         aggregate functions) writes each row once, when first seen: use output_mode \
                          'append'"
                             .into(),
                     ));

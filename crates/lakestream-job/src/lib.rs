@@ -28,8 +28,8 @@ pub mod window;
 
 pub use parse::{parse_job, pos_of};
 pub use shape::{
-    check_streaming_plan, group_key_positions, stateful_aggregate, stateful_distinct,
-    streaming_plan_problem,
+    check_streaming_plan, group_key_positions, is_distinct_on, stateful_aggregate,
+    stateful_distinct, streaming_plan_problem,
 };
 pub use values::{MAX_DURATION, parse_duration, parse_size};
 

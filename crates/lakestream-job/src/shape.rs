@@ -106,20 +106,28 @@ fn carries(e: &Expr, key: &datafusion::common::Column) -> bool {
     }
 }
 
-/// The stateful deduplication of `plan`: a `SELECT DISTINCT` over a
-/// stream with only projections, filters and aliases above it.
+/// The stateful deduplication of `plan`: a `SELECT DISTINCT` or
+/// `SELECT DISTINCT ON (...)` over a stream with only projections, filters
+/// and aliases above it.
 pub fn stateful_distinct<'a>(
     plan: &'a LogicalPlan,
     is_stream: &dyn Fn(&str) -> bool,
 ) -> Option<&'a LogicalPlan> {
     match below_stateless_top(plan) {
-        node @ LogicalPlan::Distinct(Distinct::All(input))
-            if !streams_in(input, is_stream).is_empty() =>
-        {
+        node @ LogicalPlan::Distinct(d) if !streams_in(d.input(), is_stream).is_empty() => {
             Some(node)
         }
         _ => None,
     }
+}
+
+/// True when the stateful deduplication of `plan` is a
+/// `SELECT DISTINCT ON (...)`: the first row of each key is kept, whole.
+pub fn is_distinct_on(plan: &LogicalPlan, is_stream: &dyn Fn(&str) -> bool) -> bool {
+    matches!(
+        stateful_distinct(plan, is_stream),
+        Some(LogicalPlan::Distinct(Distinct::On(_)))
+    )
 }
 
 fn streams_in(plan: &LogicalPlan, is_stream: &dyn Fn(&str) -> bool) -> Vec<String> {

@@ -319,12 +319,15 @@ fn find(plan: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Found>> {
 impl StatefulAggregate {
     /// The stateful aggregation of a query whose batch plans look like
     /// `plan`, keeping its state under the checkpoint at `checkpoint`.
-    /// `None` when the plan has no aggregation.
+    /// `distinct_on`: the aggregation is a `DISTINCT ON`'s (`first_value`
+    /// of each column per key), a deduplication that keeps each key's
+    /// first row. `None` when the plan has no aggregation.
     pub(crate) fn new(
         plan: &Arc<dyn ExecutionPlan>,
         checkpoint: &Location,
         mode: OutputMode,
         event_times: BTreeMap<String, EventTime>,
+        distinct_on: bool,
     ) -> Result<Option<Self>> {
         let Some(found) = find(plan).map_err(|e| Error::Plan(Box::new(e)))? else {
             return Ok(None);
@@ -335,7 +338,7 @@ impl StatefulAggregate {
             .schema();
         let keys = found.group_by.expr().len();
         let session = found.window.as_ref().and_then(|w| w.3.then_some(w.0));
-        let dedup = found.aggr.is_empty() && session.is_none();
+        let dedup = (found.aggr.is_empty() || distinct_on) && session.is_none();
         let operator = match (dedup, session) {
             (true, _) => "dedup",
             (false, Some(_)) => "session",
