@@ -26,6 +26,25 @@ pub(crate) async fn status(
                 .collect()
         })
         .unwrap_or_default();
+    // The state of a stateful query, as of the batch the table holds.
+    let state = lakestream_engine::state::summaries(
+        &lakestream_engine::storage::Location::parse(location, options)?,
+        committed.as_ref().map(|c| c.batch_id),
+    )
+    .await?;
+    let state: Vec<serde_json::Value> = state
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "operator": s.operator,
+                "as_of_batch": s.batch_id,
+                "rows": s.rows,
+                "bytes": s.bytes,
+                "event_time_max_ms": s.meta.get("event_time_max_ms"),
+            })
+        })
+        .collect();
+    let watermark_ms = planned.as_ref().and_then(|p| p.watermark_ms);
     let out = serde_json::json!({
         "query_id": view.metadata().query_id.to_string(),
         "created_at_ms": view.metadata().created_at_ms,
@@ -34,6 +53,8 @@ pub(crate) async fn status(
         "last_committed_batch": committed.as_ref().map(|c| c.batch_id),
         "table_version": committed.as_ref().and_then(|c| c.table_version),
         "sources": sources,
+        "watermark_ms": watermark_ms,
+        "state": state,
     });
     if json {
         outln!("{}", serde_json::to_string_pretty(&out)?);
@@ -71,6 +92,21 @@ pub(crate) async fn status(
     }
     for (name, s) in &sources {
         outln!("source {name}: {s}");
+    }
+    if let Some(w) = watermark_ms {
+        let at = chrono::DateTime::from_timestamp_millis(w)
+            .map(|t| t.to_rfc3339())
+            .unwrap_or_else(|| w.to_string());
+        outln!("watermark:            {at} (of the last planned batch)");
+    }
+    for s in &state {
+        outln!(
+            "state {}: {} keys, {} bytes, as of batch {}",
+            s["operator"].as_str().unwrap_or("?"),
+            s["rows"],
+            s["bytes"],
+            s["as_of_batch"]
+        );
     }
     Ok(())
 }

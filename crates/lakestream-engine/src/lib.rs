@@ -37,6 +37,7 @@ pub use stateful::{EventTime, OutputMode, StateProgress};
 pub use lakestream_checkpoint as checkpoint;
 pub use lakestream_sink as sink;
 pub use lakestream_source as source;
+pub use lakestream_state as state;
 pub use lakestream_storage as storage;
 
 /// Errors of a running query. Each says what failed and what to do.

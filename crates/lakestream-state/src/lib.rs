@@ -158,8 +158,11 @@ struct Index {
     columns: Vec<usize>,
     rows: Values,
     /// Index key → (key → bucket) of the keys held with that index key.
-    map: HashMap<Box<[u8]>, HashMap<Box<[u8]>, i64>>,
+    map: HashMap<Box<[u8]>, KeyBuckets>,
 }
+
+/// The keys under one index key, each with its bucket.
+type KeyBuckets = HashMap<Box<[u8]>, i64>;
 
 impl Index {
     fn encode(&self, batch: &RecordBatch) -> Result<Vec<Box<[u8]>>, ArrowError> {
@@ -795,6 +798,8 @@ impl StateStore {
             "version": FORMAT_VERSION,
             "operator": self.operator,
             "batch_id": batch_id,
+            "rows": self.rows,
+            "bytes": self.bytes,
             "meta": meta,
         });
         let schema = Arc::new(
@@ -876,6 +881,91 @@ impl StateStore {
         }
         Ok(removed)
     }
+}
+
+/// What the newest state file of one operator says about its state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// The operator (`aggregate`, `session`, `dedup`).
+    pub operator: String,
+    /// The batch the state is as of.
+    pub batch_id: u64,
+    /// Keys held after that batch.
+    pub rows: u64,
+    /// Bytes of the keys and values held (their row encoding).
+    pub bytes: u64,
+    /// The operator's metadata (the largest event time seen per source).
+    pub meta: serde_json::Value,
+}
+
+/// The state of each operator under the checkpoint at `location`, as of
+/// the newest batch at or before `through` (the last committed batch;
+/// `None`: the newest written), read from that batch's delta file header.
+/// Empty when the query keeps no state.
+pub async fn summaries(location: &Location, through: Option<u64>) -> Result<Vec<Summary>> {
+    let dir = location.child("state");
+    let metas: Vec<_> = match location.store().list(Some(&dir)).try_collect().await {
+        Ok(m) => m,
+        Err(object_store::Error::NotFound { .. }) => Vec::new(),
+        Err(e) => {
+            return Err(lakestream_storage::Error::Store {
+                file: location.url_of(&dir),
+                source: e,
+            }
+            .into());
+        }
+    };
+    // operator → newest delta batch id within `through`.
+    let mut newest: BTreeMap<String, (u64, object_store::path::Path)> = BTreeMap::new();
+    for m in metas {
+        let parts: Vec<String> = m.location.parts().map(|p| p.as_ref().to_string()).collect();
+        let [.., operator, name] = parts.as_slice() else {
+            continue;
+        };
+        let Some(id) = name
+            .strip_suffix(".delta.arrow")
+            .and_then(|id| id.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if through.is_some_and(|t| id > t) {
+            continue;
+        }
+        let e = newest
+            .entry(operator.to_string())
+            .or_insert((id, m.location.clone()));
+        if id >= e.0 {
+            *e = (id, m.location.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for (operator, (batch_id, path)) in newest {
+        let file = location.url_of(&path);
+        let corrupt = |reason: String| Error::Corrupt {
+            file: file.clone(),
+            reason,
+        };
+        let Some(bytes) = location.read(&path).await? else {
+            continue; // purged meanwhile
+        };
+        let reader = arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)
+            .map_err(|e| corrupt(e.to_string()))?;
+        let header: serde_json::Value = reader
+            .schema()
+            .metadata()
+            .get(META)
+            .and_then(|m| serde_json::from_str(m).ok())
+            .ok_or_else(|| corrupt(format!("no {META} metadata")))?;
+        let number = |k: &str| header.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+        out.push(Summary {
+            operator,
+            batch_id,
+            rows: number("rows"),
+            bytes: number("bytes"),
+            meta: header.get("meta").cloned().unwrap_or_default(),
+        });
+    }
+    Ok(out)
 }
 
 fn describe(schema: &Schema) -> String {
@@ -1087,6 +1177,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("0.delta.arrow is corrupt"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn summaries_give_each_operators_size_as_of_a_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = Location::parse(dir.path().to_str().unwrap(), &HashMap::new()).unwrap();
+        assert!(summaries(&loc, None).await.unwrap().is_empty());
+        let mut s = store(dir.path());
+        s.load(None).await.unwrap();
+        s.upsert(&batch(&[("a", 1), ("b", 2)]), &[10, 20]).unwrap();
+        s.commit(0, serde_json::json!({"max": 5})).await.unwrap();
+        s.upsert(&batch(&[("c", 3)]), &[30]).unwrap();
+        s.commit(1, serde_json::json!({"max": 6})).await.unwrap();
+        let all = summaries(&loc, None).await.unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(
+            (all[0].operator.as_str(), all[0].batch_id, all[0].rows),
+            ("agg", 1, 3)
+        );
+        assert_eq!(all[0].bytes, s.bytes());
+        assert_eq!(all[0].meta, serde_json::json!({"max": 6}));
+        // Batch 1 is written but not committed to the table: as of 0.
+        let at0 = summaries(&loc, Some(0)).await.unwrap();
+        assert_eq!((at0[0].batch_id, at0[0].rows), (0, 2));
     }
 
     #[tokio::test]

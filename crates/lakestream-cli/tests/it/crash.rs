@@ -80,6 +80,28 @@ fn windowed_sigkill_loop(mode: &str) {
     );
     assert!(kills >= 3, "only {kills} kills landed");
     assert_eq!(multiset(&read_py(&dir.join("out"))), clean);
+
+    // `status` shows the state the table's last batch left (the windows
+    // still open) and the watermark.
+    let o = run_in(dir, &["status", "--checkpoint", "ckpt", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let state = &s["state"][0];
+    assert_eq!(state["operator"], "aggregate", "{s}");
+    assert_eq!(state["as_of_batch"], s["last_committed_batch"], "{s}");
+    assert!(state["rows"].as_u64().unwrap() > 0, "{s}");
+    assert!(
+        state["bytes"].as_u64().unwrap() > state["rows"].as_u64().unwrap(),
+        "{s}"
+    );
+    assert!(s["watermark_ms"].as_i64().is_some(), "{s}");
+    let o = run_in(dir, &["status", "--checkpoint", "ckpt"]);
+    let human = text(&o);
+    assert!(human.contains("state aggregate: "), "{human}");
+    assert!(
+        human.contains("watermark:            2026-01-01T"),
+        "{human}"
+    );
 }
 
 #[test]
