@@ -199,11 +199,53 @@ SELECT window.start AS minute, event_type, count(*) AS n, sum(amount) AS total
 FROM events GROUP BY window(ts, '1 minute'), event_type;
 ";
 
+/// What the state-cost workload measured.
+struct StateCost {
+    /// Median batch time of the tiny batches (ms).
+    median: f64,
+    /// Their p90 (ms).
+    p90: f64,
+    /// The state's bytes as the store counts them (its row encoding).
+    bytes: u64,
+    /// The run's peak resident memory.
+    peak_rss: u64,
+    /// The Arrow size of the open groups' keys and partial states, read
+    /// back from the newest state snapshot.
+    arrow_bytes: u64,
+}
+
+/// The Arrow size (the bytes of the array slices) of the state columns of
+/// the newest snapshot under `ckpt` (the store's bucket and removal
+/// columns left out).
+fn snapshot_arrow_bytes(ckpt: &Path) -> anyhow::Result<u64> {
+    let dir = ckpt.join("state/aggregate");
+    let newest = std::fs::read_dir(&dir)
+        .with_context(|| format!("no state under {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let id = name.strip_suffix(".snapshot.arrow")?.parse::<u64>().ok()?;
+            Some((id, e.path()))
+        })
+        .max()
+        .with_context(|| format!("no state snapshot under {}", dir.display()))?;
+    let reader = arrow::ipc::reader::FileReader::try_new(std::fs::File::open(&newest.1)?, None)?;
+    let mut total = 0u64;
+    for batch in reader {
+        let batch = batch?;
+        let n = batch.num_columns().saturating_sub(2);
+        for c in &batch.columns()[..n] {
+            total += c.to_data().get_slice_memory_size()? as u64;
+        }
+    }
+    Ok(total)
+}
+
 /// Tiny batches (10 rows) against `groups` open groups of a windowed
 /// aggregation (one day-long window, one group per user): the first batch
-/// opens them, then `tiny` batches each update 10. Returns the median and
-/// p90 batch time of the tiny batches (ms) and the state's bytes.
-fn state_cost(dir: &Path, groups: u64, tiny: u64) -> anyhow::Result<(f64, f64, u64)> {
+/// (`first_rows` rows, at least `groups`) opens them, then `tiny` batches
+/// each update 10.
+fn state_cost(dir: &Path, groups: u64, first_rows: u64, tiny: u64) -> anyhow::Result<StateCost> {
     let input = dir.join("events");
     std::fs::create_dir_all(&input)?;
     let line = |user: u64, second: u64| {
@@ -214,8 +256,8 @@ fn state_cost(dir: &Path, groups: u64, tiny: u64) -> anyhow::Result<(f64, f64, u
         )
     };
     let mut w = std::io::BufWriter::new(std::fs::File::create(input.join("f000000.json"))?);
-    for u in 0..groups {
-        w.write_all(line(u, 0).as_bytes())?;
+    for i in 0..first_rows.max(groups) {
+        w.write_all(line(i % groups, 0).as_bytes())?;
     }
     w.flush()?;
     for i in 1..=tiny {
@@ -247,7 +289,13 @@ fn state_cost(dir: &Path, groups: u64, tiny: u64) -> anyhow::Result<(f64, f64, u
         .and_then(|p| p["state"]["bytes"].as_u64())
         .unwrap_or(0);
     totals.sort_by(f64::total_cmp);
-    Ok((percentile(&totals, 0.5), percentile(&totals, 0.9), bytes))
+    Ok(StateCost {
+        median: percentile(&totals, 0.5),
+        p90: percentile(&totals, 0.9),
+        bytes,
+        peak_rss: r.peak_rss,
+        arrow_bytes: snapshot_arrow_bytes(&dir.join("ckpt"))?,
+    })
 }
 
 /// The batch times (ms) of run `r` after its first batch, which must be
@@ -440,22 +488,45 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
 
     // 2c. tiny batches against a large and a small state
     let small = (cfg.state_groups / 100).max(1);
-    let small_ms = state_cost(&dir.join("state-small"), small, 30)?;
-    let large_ms = state_cost(&dir.join("state-large"), cfg.state_groups, 30)?;
+    // Both first batches read the same number of rows, so the runs differ
+    // in their groups only.
+    let first = cfg.state_groups;
+    let small_ms = state_cost(&dir.join("state-small"), small, first, 30)?;
+    let large_ms = state_cost(&dir.join("state-large"), cfg.state_groups, first, 30)?;
     figure("state.small_groups", small, "groups");
-    figure("state.small_median", format!("{:.2}", small_ms.0), "ms");
-    figure("state.small_p90", format!("{:.2}", small_ms.1), "ms");
-    figure("state.large_groups", cfg.state_groups, "groups");
-    figure("state.large_median", format!("{:.2}", large_ms.0), "ms");
-    figure("state.large_p90", format!("{:.2}", large_ms.1), "ms");
     figure(
-        "state.large_bytes",
-        format!("{:.1}", large_ms.2 as f64 / (1 << 20) as f64),
-        "MiB",
+        "state.small_median",
+        format!("{:.2}", small_ms.median),
+        "ms",
     );
+    figure("state.small_p90", format!("{:.2}", small_ms.p90), "ms");
+    figure("state.large_groups", cfg.state_groups, "groups");
+    figure(
+        "state.large_median",
+        format!("{:.2}", large_ms.median),
+        "ms",
+    );
+    figure("state.large_p90", format!("{:.2}", large_ms.p90), "ms");
+    let mib = |b: u64| format!("{:.1}", b as f64 / (1 << 20) as f64);
+    figure("state.large_bytes", mib(large_ms.bytes), "MiB");
+    figure("state.large_arrow_bytes", mib(large_ms.arrow_bytes), "MiB");
+    figure("state.small_peak_rss", mib(small_ms.peak_rss), "MiB");
+    figure("state.large_peak_rss", mib(large_ms.peak_rss), "MiB");
     figure(
         "ratio.state_large_over_small",
-        format!("{:.2}", large_ms.0 / small_ms.0),
+        format!("{:.2}", large_ms.median / small_ms.median),
+        "x",
+    );
+    // The memory the large state costs beyond the small run (the same job
+    // over as many input rows, into 1% of the groups), per byte of the
+    // groups' Arrow size.
+    figure(
+        "ratio.state_rss_over_arrow",
+        format!(
+            "{:.2}",
+            large_ms.peak_rss.saturating_sub(small_ms.peak_rss) as f64
+                / large_ms.arrow_bytes.max(1) as f64
+        ),
         "x",
     );
 

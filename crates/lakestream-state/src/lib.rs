@@ -188,9 +188,10 @@ impl Index {
     }
 }
 
-/// A key's change since the last commit, by `(bucket, key)`: `Some(value)`
-/// upserted, `None` removed.
-type Changes = HashMap<(i64, Box<[u8]>), Option<Box<[u8]>>>;
+/// The `(bucket, key)`s changed since the last commit: upserted when the
+/// bucket holds the key at the commit, removed when not. Values are not
+/// copied: the commit reads them from the buckets.
+type Changes = std::collections::HashSet<(i64, Box<[u8]>)>;
 
 /// One operator's keyed state (see the crate docs).
 pub struct StateStore {
@@ -266,7 +267,7 @@ impl StateStore {
             key_rows,
             value_rows,
             buckets: BTreeMap::new(),
-            pending: HashMap::new(),
+            pending: Changes::new(),
             version: None,
             loaded: false,
             meta: serde_json::Value::Null,
@@ -599,8 +600,7 @@ impl StateStore {
             .map_err(self.arrow_err())?;
         let prefixes = self.prefixes(batch).map_err(self.arrow_err())?;
         for (i, ((key, value), &bucket)) in keys.into_iter().zip(values).zip(buckets).enumerate() {
-            self.pending
-                .insert((bucket, key.clone()), Some(value.clone()));
+            self.pending.insert((bucket, key.clone()));
             let prefix = prefixes.as_ref().map(|p| p[i].clone());
             self.put(bucket, key, value, prefix);
         }
@@ -623,7 +623,7 @@ impl StateStore {
                 .is_some_and(|rows| rows.contains_key(key.as_ref()));
             if held {
                 self.remove(bucket, &key, prefix);
-                self.pending.insert((bucket, key), None);
+                self.pending.insert((bucket, key));
             }
         }
         Ok(())
@@ -694,7 +694,7 @@ impl StateStore {
             for (k, v) in rows {
                 self.rows -= 1;
                 self.bytes -= (k.len() + v.len()) as u64;
-                self.pending.insert((bucket, k.clone()), None);
+                self.pending.insert((bucket, k.clone()));
                 keys.push(k);
                 values.push(v);
             }
@@ -757,8 +757,8 @@ impl StateStore {
     pub async fn commit(&mut self, batch_id: u64, meta: serde_json::Value) -> Result<()> {
         let mut upserts: Vec<(i64, &[u8], &[u8])> = Vec::new();
         let mut removals: Vec<(i64, &[u8])> = Vec::new();
-        for ((bucket, key), value) in &self.pending {
-            match value {
+        for (bucket, key) in &self.pending {
+            match self.buckets.get(bucket).and_then(|rows| rows.get(key)) {
                 Some(v) => upserts.push((*bucket, key, v)),
                 None => removals.push((*bucket, key)),
             }

@@ -43,6 +43,8 @@ fn the_benchmark_prints_every_figure() {
         "state.small_median",
         "state.large_median",
         "state.large_bytes",
+        "state.large_arrow_bytes",
+        "state.large_peak_rss",
         "ratio.state_large_over_small",
         "update.small_median",
         "update.large_median",

@@ -529,6 +529,7 @@ impl StatefulAggregate {
             // The batch's sessions and the stored sessions of the same
             // groups, merged where they overlap, replace those stored.
             let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
+            drop(parts); // only `new` is needed from here: half the memory
             let old = store.lookup_indexed(&new)?;
             let mut input = vec![new];
             if let Some((o, _)) = &old {
@@ -555,6 +556,7 @@ impl StatefulAggregate {
             }
         } else if !parts.is_empty() {
             let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
+            drop(parts); // only `new` is needed from here: half the memory
             let buckets = self.buckets(&new).map_err(df)?;
             let mut input = vec![new];
             input.extend(store.lookup(&input[0], &buckets)?);
