@@ -140,6 +140,10 @@ struct Evict {
     /// is late when it starts before the watermark (it could belong to a
     /// session already written), not when its own session ends.
     session: bool,
+    /// For a timestamp key, how long after it the group may be evicted: a
+    /// `date_bin` key's stride (its bin's end), 0 for a deduplicated event
+    /// time.
+    width: i64,
 }
 
 impl Evict {
@@ -149,10 +153,19 @@ impl Evict {
         if self.window {
             window_ends(column)
         } else {
-            Ok(cast(column, &DataType::Int64)?
-                .as_primitive::<Int64Type>()
-                .clone())
+            let times = cast(column, &DataType::Int64)?;
+            let times = times.as_primitive::<Int64Type>();
+            Ok(match self.width {
+                0 => times.clone(),
+                w => times.unary(|t| t.saturating_add(w)),
+            })
         }
+    }
+
+    /// True when this key is an event-time window (`window`, a sliding or
+    /// session window, or `date_bin`) whose groups close.
+    fn is_window(&self) -> bool {
+        self.window || self.width > 0
     }
 
     /// True when a row whose key `column` holds these values is too late
@@ -355,6 +368,15 @@ impl StatefulAggregate {
                 unit: *unit,
                 window: true,
                 session: *session,
+                width: 0,
+            }),
+            // `date_bin(stride, ts)`: a tumbling window named by its start.
+            None if !dedup => date_bin_key(&found.group_by).map(|(index, unit, width)| Evict {
+                index,
+                unit,
+                window: false,
+                session: false,
+                width,
             }),
             // A deduplication keyed by a stream's event time forgets a key
             // once the watermark passes its time.
@@ -375,6 +397,7 @@ impl StatefulAggregate {
                                 unit,
                                 window: false,
                                 session: false,
+                                width: 0,
                             }),
                             _ => None,
                         }
@@ -410,7 +433,7 @@ impl StatefulAggregate {
 
     /// True when the aggregation groups by an event-time window.
     pub(crate) fn is_windowed(&self) -> bool {
-        self.evict.is_some_and(|e| e.window)
+        self.evict.is_some_and(|e| e.is_window())
     }
 
     /// True when the aggregation groups by a session window.
@@ -691,6 +714,43 @@ fn window_bounds(
             arrow::array::PrimitiveArray::<Int64Type>::new(ends.values().clone(), merged)
         }
         None => ends,
+    })
+}
+
+/// A `date_bin(stride, ts)` among the group keys (a constant stride
+/// without months, a timestamp result): its index, the timestamps' unit
+/// and the stride in that unit.
+fn date_bin_key(group_by: &PhysicalGroupBy) -> Option<(usize, TimeUnit, i64)> {
+    use datafusion::common::ScalarValue;
+    group_by.expr().iter().enumerate().find_map(|(i, (e, _))| {
+        let f = e.downcast_ref::<ScalarFunctionExpr>()?;
+        if f.name() != "date_bin" {
+            return None;
+        }
+        let DataType::Timestamp(unit, _) = f.return_type() else {
+            return None;
+        };
+        let stride = f
+            .args()
+            .first()?
+            .downcast_ref::<datafusion::physical_expr::expressions::Literal>()?;
+        const DAY_NS: i64 = 86_400_000_000_000;
+        let ns = match stride.value() {
+            ScalarValue::IntervalMonthDayNano(Some(v)) if v.months == 0 => {
+                i64::from(v.days) * DAY_NS + v.nanoseconds
+            }
+            ScalarValue::IntervalDayTime(Some(v)) => {
+                i64::from(v.days) * DAY_NS + i64::from(v.milliseconds) * 1_000_000
+            }
+            _ => return None,
+        };
+        let width = match unit {
+            TimeUnit::Second => ns / 1_000_000_000,
+            TimeUnit::Millisecond => ns / 1_000_000,
+            TimeUnit::Microsecond => ns / 1_000,
+            TimeUnit::Nanosecond => ns,
+        };
+        (width > 0).then_some((i, *unit, width))
     })
 }
 
