@@ -27,8 +27,10 @@ fn delta_type(t: &DataType) -> DataType {
         DataType::UInt32 | DataType::UInt64 => DataType::Int64,
         DataType::Float16 => DataType::Float32,
         DataType::Dictionary(_, v) => delta_type(v),
+        // Delta names a list's items `element` (Arrow writers say `item`):
+        // the name is not part of the column's type.
         DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) => DataType::List(
-            Arc::new(Field::new(f.name(), delta_type(f.data_type()), true)),
+            Arc::new(Field::new("element", delta_type(f.data_type()), true)),
         ),
         DataType::Struct(fields) => DataType::Struct(
             fields
@@ -60,4 +62,27 @@ pub fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch
         })
         .collect::<Result<Vec<_>, String>>()?;
     RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table written with a list column reads back with Delta's item
+    /// name (`element`); the query still says `item`. A restart must see
+    /// the same column, not a mismatch.
+    #[test]
+    fn list_item_names_do_not_make_schemas_differ() {
+        let list = |item: &str| {
+            Schema::new(vec![Field::new(
+                "xs",
+                DataType::List(Arc::new(Field::new(item, DataType::Int64, true))),
+                true,
+            )])
+        };
+        assert!(crate::same_columns(
+            &delta_schema(&list("item")),
+            &delta_schema(&list("element"))
+        ));
+    }
 }
