@@ -40,6 +40,10 @@ pub const FORMAT_VERSION: u32 = 1;
 /// A full snapshot is written after every this many batches.
 pub const SNAPSHOT_INTERVAL: u64 = 10;
 
+/// Rows per Arrow batch in a state file, and per slice of an upsert: what
+/// a commit or an upsert holds in Arrow form at once.
+const CHUNK: usize = 65_536;
+
 const BUCKET: &str = "__lakestream_bucket";
 const REMOVED: &str = "__lakestream_removed";
 const META: &str = "lakestream.state";
@@ -212,6 +216,10 @@ pub struct StateStore {
     bytes: u64,
     snapshot_interval: u64,
     index: Option<Index>,
+    /// The batch upserted most of the state: the commit writes every row
+    /// held as an upsert, and `pending` tracks removals only (a copy of
+    /// every changed key would double the keys' memory).
+    dirty_all: bool,
 }
 
 impl std::fmt::Debug for StateStore {
@@ -275,6 +283,7 @@ impl StateStore {
             bytes: 0,
             snapshot_interval: SNAPSHOT_INTERVAL,
             index: None,
+            dirty_all: false,
         })
     }
 
@@ -322,7 +331,7 @@ impl StateStore {
 
     /// True when the state in memory is the state as of `version`.
     pub fn is_at(&self, version: Option<u64>) -> bool {
-        self.loaded && self.version == version && self.pending.is_empty()
+        self.loaded && self.version == version && self.pending.is_empty() && !self.dirty_all
     }
 
     /// The operator metadata committed with the state in memory
@@ -367,6 +376,7 @@ impl StateStore {
     /// newest snapshot at or before it and the deltas after that.
     pub async fn load(&mut self, version: Option<u64>) -> Result<()> {
         self.buckets.clear();
+        self.dirty_all = false;
         if let Some(index) = &mut self.index {
             index.map.clear();
         }
@@ -590,6 +600,29 @@ impl StateStore {
     /// Set the value of every key in `batch` (a batch of [`Self::schema`]),
     /// row `i` in `buckets[i]`.
     pub fn upsert(&mut self, batch: &RecordBatch, buckets: &[i64]) -> Result<()> {
+        let n = batch.num_rows();
+        for start in (0..n).step_by(CHUNK) {
+            let len = CHUNK.min(n - start);
+            self.upsert_slice(&batch.slice(start, len), &buckets[start..start + len])?;
+        }
+        if !self.dirty_all
+            && self.pending.len() > CHUNK
+            && self.pending.len() as u64 * 2 > self.rows
+        {
+            // Most of the state changed: the commit writes it all, and
+            // only removals need tracking.
+            self.dirty_all = true;
+            let held = &self.buckets;
+            self.pending.retain(|(b, k)| {
+                !held
+                    .get(b)
+                    .is_some_and(|rows| rows.contains_key(k.as_ref()))
+            });
+        }
+        Ok(())
+    }
+
+    fn upsert_slice(&mut self, batch: &RecordBatch, buckets: &[i64]) -> Result<()> {
         let keys = self
             .key_rows
             .encode(&batch.columns()[..self.keys], batch.num_rows())
@@ -600,7 +633,9 @@ impl StateStore {
             .map_err(self.arrow_err())?;
         let prefixes = self.prefixes(batch).map_err(self.arrow_err())?;
         for (i, ((key, value), &bucket)) in keys.into_iter().zip(values).zip(buckets).enumerate() {
-            self.pending.insert((bucket, key.clone()));
+            if !self.dirty_all {
+                self.pending.insert((bucket, key.clone()));
+            }
             let prefix = prefixes.as_ref().map(|p| p[i].clone());
             self.put(bucket, key, value, prefix);
         }
@@ -759,8 +794,16 @@ impl StateStore {
         let mut removals: Vec<(i64, &[u8])> = Vec::new();
         for (bucket, key) in &self.pending {
             match self.buckets.get(bucket).and_then(|rows| rows.get(key)) {
-                Some(v) => upserts.push((*bucket, key, v)),
+                Some(v) if !self.dirty_all => upserts.push((*bucket, key, v)),
+                Some(_) => {} // written below with every row
                 None => removals.push((*bucket, key)),
+            }
+        }
+        if self.dirty_all {
+            for (bucket, rows) in &self.buckets {
+                for (k, v) in rows {
+                    upserts.push((*bucket, k, v));
+                }
             }
         }
         // Deterministic files: a replay writes the same bytes.
@@ -781,6 +824,7 @@ impl StateStore {
                 .await?;
         }
         self.pending.clear();
+        self.dirty_all = false;
         self.version = Some(batch_id);
         self.meta = meta;
         self.loaded = true;
@@ -806,34 +850,41 @@ impl StateStore {
             self.file_schema()
                 .with_metadata([(META.to_string(), header.to_string())].into()),
         );
-        let keys: Vec<&[u8]> = upserts
-            .iter()
-            .map(|u| u.1)
-            .chain(removals.iter().map(|r| r.1))
-            .collect();
-        let mut columns: Vec<ArrayRef> = self.key_rows.decode(&keys).map_err(self.arrow_err())?;
-        let values = self
-            .value_rows
-            .decode(&upserts.iter().map(|u| u.2).collect::<Vec<_>>())
-            .map_err(self.arrow_err())?;
-        for v in values {
-            let nulls = new_null_array(v.data_type(), removals.len());
-            columns.push(arrow::compute::concat(&[&v, &nulls]).map_err(self.arrow_err())?);
-        }
-        columns.push(Arc::new(Int64Array::from_iter_values(
-            upserts
-                .iter()
-                .map(|u| u.0)
-                .chain(removals.iter().map(|r| r.0)),
-        )));
-        columns.push(Arc::new(BooleanArray::from_iter(
-            std::iter::repeat_n(Some(false), upserts.len())
-                .chain(std::iter::repeat_n(Some(true), removals.len())),
-        )));
-        let batch = RecordBatch::try_new(schema.clone(), columns).map_err(self.arrow_err())?;
         let mut w = arrow::ipc::writer::FileWriter::try_new(Vec::new(), &schema)
             .map_err(self.arrow_err())?;
-        w.write(&batch).map_err(self.arrow_err())?;
+        // Upserts, then removals, a chunk per Arrow batch (a reader applies
+        // them in this order).
+        for chunk in upserts.chunks(CHUNK) {
+            let keys: Vec<&[u8]> = chunk.iter().map(|u| u.1).collect();
+            let values: Vec<&[u8]> = chunk.iter().map(|u| u.2).collect();
+            let mut columns = self.key_rows.decode(&keys).map_err(self.arrow_err())?;
+            columns.extend(self.value_rows.decode(&values).map_err(self.arrow_err())?);
+            columns.push(Arc::new(Int64Array::from_iter_values(
+                chunk.iter().map(|u| u.0),
+            )));
+            columns.push(Arc::new(BooleanArray::from(vec![false; chunk.len()])));
+            let batch = RecordBatch::try_new(schema.clone(), columns).map_err(self.arrow_err())?;
+            w.write(&batch).map_err(self.arrow_err())?;
+        }
+        let value_fields = &schema.fields()[self.keys..self.schema.fields().len()];
+        for chunk in removals.chunks(CHUNK) {
+            let keys: Vec<&[u8]> = chunk.iter().map(|r| r.1).collect();
+            let mut columns = self.key_rows.decode(&keys).map_err(self.arrow_err())?;
+            for f in value_fields {
+                columns.push(new_null_array(f.data_type(), chunk.len()));
+            }
+            columns.push(Arc::new(Int64Array::from_iter_values(
+                chunk.iter().map(|r| r.0),
+            )));
+            columns.push(Arc::new(BooleanArray::from(vec![true; chunk.len()])));
+            let batch = RecordBatch::try_new_with_options(
+                schema.clone(),
+                columns,
+                &arrow::array::RecordBatchOptions::new().with_row_count(Some(chunk.len())),
+            )
+            .map_err(self.arrow_err())?;
+            w.write(&batch).map_err(self.arrow_err())?;
+        }
         w.finish().map_err(self.arrow_err())?;
         w.into_inner().map_err(self.arrow_err())
     }
@@ -1177,6 +1228,57 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("0.delta.arrow is corrupt"), "{err}");
+    }
+
+    /// A batch that changes most of a large state (more keys than a file
+    /// chunk) writes it whole, in several Arrow batches, with its
+    /// removals; a reload gives back exactly the state.
+    #[tokio::test]
+    async fn a_batch_changing_most_of_a_large_state_loads_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path());
+        s.load(None).await.unwrap();
+        let n = CHUNK as i64 + 5_000;
+        let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        let rows: Vec<(&str, i64)> = names
+            .iter()
+            .zip(0..n)
+            .map(|(k, i)| (k.as_str(), i))
+            .collect();
+        // Even keys in bucket 1, odd keys in bucket 2.
+        let buckets: Vec<i64> = (0..n).map(|i| 1 + i % 2).collect();
+        s.upsert(&batch(&rows), &buckets).unwrap();
+        assert!(s.dirty_all);
+        s.evict_through(1).unwrap();
+        // An evicted key upserted again in the same batch is held.
+        s.upsert(&batch(&[("k0", -1)]), &[1]).unwrap();
+        s.commit(0, serde_json::Value::Null).await.unwrap();
+        let expected_rows = n as u64 / 2 + 1;
+        assert_eq!(s.rows(), expected_rows);
+
+        let mut r = store(dir.path());
+        r.load(Some(0)).await.unwrap();
+        assert_eq!(r.rows(), expected_rows);
+        assert_eq!(r.bytes(), s.bytes());
+        let probe = batch(&[("k0", 0), ("k1", 0), ("k2", 0), ("k69999", 0)]);
+        assert_eq!(
+            pairs(r.lookup(&probe, &[1, 2, 1, 2]).unwrap()),
+            vec![
+                ("k0".into(), -1),
+                ("k1".into(), 1),
+                ("k69999".into(), 69_999)
+            ]
+        );
+        // The next batch is incremental again.
+        r.upsert(&batch(&[("k1", 7)]), &[2]).unwrap();
+        assert!(!r.dirty_all);
+        r.commit(1, serde_json::Value::Null).await.unwrap();
+        let mut again = store(dir.path());
+        again.load(Some(1)).await.unwrap();
+        assert_eq!(
+            pairs(again.lookup(&batch(&[("k1", 0)]), &[2]).unwrap()),
+            vec![("k1".into(), 7)]
+        );
     }
 
     #[tokio::test]
