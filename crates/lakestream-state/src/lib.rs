@@ -123,7 +123,91 @@ pub enum Error {
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-type Rows = HashMap<Box<[u8]>, Box<[u8]>>;
+/// A key and its value in one allocation: the key's length (4 bytes,
+/// little-endian), the key, the value. Hashed and compared by its key.
+struct Entry(Box<[u8]>);
+
+impl Entry {
+    fn new(key: &[u8], value: &[u8]) -> Self {
+        let mut b = Vec::with_capacity(4 + key.len() + value.len());
+        b.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        b.extend_from_slice(key);
+        b.extend_from_slice(value);
+        Self(b.into_boxed_slice())
+    }
+
+    fn key_len(&self) -> usize {
+        u32::from_le_bytes(self.0[..4].try_into().expect("4 bytes")) as usize
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.0[4..4 + self.key_len()]
+    }
+
+    fn value(&self) -> &[u8] {
+        &self.0[4 + self.key_len()..]
+    }
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Entry {}
+
+impl std::hash::Hash for Entry {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for Entry {
+    fn borrow(&self) -> &[u8] {
+        self.key()
+    }
+}
+
+/// The keys and values of one bucket, one allocation per key (a group of
+/// a million-group state costs its encoded bytes plus one small header
+/// and a hash slot, not two allocations).
+#[derive(Default)]
+struct Rows(std::collections::HashSet<Entry>);
+
+impl Rows {
+    /// Set `key`'s value; the replaced value's length, if any.
+    fn insert(&mut self, key: &[u8], value: &[u8]) -> Option<usize> {
+        self.0
+            .replace(Entry::new(key, value))
+            .map(|old| old.value().len())
+    }
+
+    /// Remove `key`; its value's length, if it was held.
+    fn remove(&mut self, key: &[u8]) -> Option<usize> {
+        self.0.take(key).map(|old| old.value().len())
+    }
+
+    fn get_key_value(&self, key: &[u8]) -> Option<(&[u8], &[u8])> {
+        self.0.get(key).map(|e| (e.key(), e.value()))
+    }
+
+    fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.0.get(key).map(Entry::value)
+    }
+
+    fn contains_key(&self, key: &[u8]) -> bool {
+        self.0.contains(key)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.0.iter().map(|e| (e.key(), e.value()))
+    }
+}
 
 /// The row encoding of a store's key or value columns; with none (a
 /// deduplication keeps keys only; an aggregation without `GROUP BY` has
@@ -548,8 +632,8 @@ impl StateStore {
         }
         let rows = self.buckets.entry(bucket).or_default();
         let (key_len, value_len) = (key.len() as u64, value.len() as u64);
-        match rows.insert(key, value) {
-            Some(old) => self.bytes = self.bytes + value_len - old.len() as u64,
+        match rows.insert(&key, &value) {
+            Some(old) => self.bytes = self.bytes + value_len - old as u64,
             None => {
                 self.rows += 1;
                 self.bytes += key_len + value_len;
@@ -565,7 +649,7 @@ impl StateStore {
             && let Some(old) = rows.remove(key)
         {
             self.rows -= 1;
-            self.bytes -= (key.len() + old.len()) as u64;
+            self.bytes -= (key.len() + old) as u64;
             if rows.is_empty() {
                 self.buckets.remove(&bucket);
             }
@@ -585,10 +669,10 @@ impl StateStore {
         for (key, &bucket) in keys.iter().zip(buckets) {
             if let Some(rows) = self.buckets.get(&bucket)
                 && let Some((k, v)) = rows.get_key_value(key.as_ref())
-                && seen.insert(k.as_ref())
+                && seen.insert(k)
             {
-                found_keys.push(k.as_ref());
-                found_values.push(v.as_ref());
+                found_keys.push(k);
+                found_values.push(v);
             }
         }
         if found_keys.is_empty() {
@@ -724,18 +808,16 @@ impl StateStore {
         if evicted.is_empty() {
             return Ok(None);
         }
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
-        for (bucket, rows) in evicted {
-            for (k, v) in rows {
+        let (mut keys, mut values): (Vec<&[u8]>, Vec<&[u8]>) = (Vec::new(), Vec::new());
+        for (&bucket, rows) in &evicted {
+            for (k, v) in rows.iter() {
                 self.rows -= 1;
                 self.bytes -= (k.len() + v.len()) as u64;
-                self.pending.insert((bucket, k.clone()));
+                self.pending.insert((bucket, k.into()));
                 keys.push(k);
                 values.push(v);
             }
         }
-        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
-        let values: Vec<&[u8]> = values.iter().map(|v| v.as_ref()).collect();
         let batch = self.to_batch(&keys, &values)?;
         if let Some(prefixes) = self.prefixes(&batch).map_err(self.arrow_err())?
             && let Some(index) = &mut self.index
@@ -751,9 +833,9 @@ impl StateStore {
     pub fn all(&self) -> Result<Option<RecordBatch>> {
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         for rows in self.buckets.values() {
-            for (k, v) in rows {
-                keys.push(k.as_ref());
-                values.push(v.as_ref());
+            for (k, v) in rows.iter() {
+                keys.push(k);
+                values.push(v);
             }
         }
         if keys.is_empty() {
@@ -801,7 +883,7 @@ impl StateStore {
         }
         if self.dirty_all {
             for (bucket, rows) in &self.buckets {
-                for (k, v) in rows {
+                for (k, v) in rows.iter() {
                     upserts.push((*bucket, k, v));
                 }
             }
@@ -814,7 +896,7 @@ impl StateStore {
         if (batch_id + 1).is_multiple_of(self.snapshot_interval) {
             let mut all: Vec<(i64, &[u8], &[u8])> = Vec::with_capacity(self.rows as usize);
             for (bucket, rows) in &self.buckets {
-                for (k, v) in rows {
+                for (k, v) in rows.iter() {
                     all.push((*bucket, k, v));
                 }
             }
