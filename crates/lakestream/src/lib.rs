@@ -37,6 +37,8 @@
 //! The modules, one per concern:
 //! - [`storage`]: locations, object stores, durable local writes.
 //! - [`checkpoint`]: the offsets/commits log and its fence.
+//! - [`state`]: the keyed state of stateful queries (windows, sessions,
+//!   deduplication), versioned by batch under the checkpoint.
 //! - [`source`]: the `Source` trait, files and generator sources.
 //! - [`sink`]: the `Sink` trait, the Delta and memory sinks.
 //! - [`job`]: SQL job files: parsing with positions, the streaming-shape
@@ -46,9 +48,9 @@
 
 pub use lakestream_engine::{
     BatchProgress, DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error,
-    ErrorKind, FailPoint, MAX_DURATION, PROGRESS_EVENTS_BUFFER, QueryBuilder, QueryHandle,
-    QuerySummary, Result, SourceProgress, StopHandle, Trigger, checkpoint, connectors, job,
-    parse_duration, parse_size, sink, source, storage,
+    ErrorKind, EventTime, FailPoint, MAX_DURATION, OutputMode, PROGRESS_EVENTS_BUFFER,
+    QueryBuilder, QueryHandle, QuerySummary, Result, SourceProgress, StateProgress, StopHandle,
+    Trigger, checkpoint, connectors, job, parse_duration, parse_size, sink, source, state, storage,
 };
 
 /// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own
