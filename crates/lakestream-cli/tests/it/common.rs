@@ -237,6 +237,44 @@ pub(crate) fn kill_until_done(
     panic!("the job never completed");
 }
 
+/// `lakestream run job.sql` to the end of the input, checkpointed at `ckpt`.
+pub(crate) const RUN_JOB: [&str; 6] = [
+    "run",
+    "job.sql",
+    "--checkpoint",
+    "ckpt",
+    "--trigger",
+    "available-now",
+];
+
+/// Run the job `job(table)` gives once without kills into table `clean`
+/// (checkpoint `clean_ckpt`), then as `job.sql` into `out` (checkpoint
+/// `ckpt`) under [`kill_until_done`] with at most `max_kills` kills.
+/// Asserts both runs succeed and that the killed run's table, read by
+/// Python `deltalake`, holds the clean run's rows (as multisets). Returns
+/// the clean table's rows and the kills that landed.
+pub(crate) fn killed_run_writes_the_clean_table(
+    dir: &Path,
+    job: &dyn Fn(&str) -> String,
+    max_kills: usize,
+) -> (Vec<String>, usize) {
+    std::fs::write(dir.join("clean.sql"), job("clean")).unwrap();
+    let o = run_available_now(dir, "clean.sql", "clean_ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let clean = multiset(&read_py(&dir.join("clean")));
+    std::fs::write(dir.join("job.sql"), job("out")).unwrap();
+    let kills = kill_until_done(
+        dir,
+        &RUN_JOB,
+        &[],
+        max_kills,
+        clock_seed(),
+        std::time::Duration::from_secs(240),
+    );
+    assert_eq!(multiset(&read_py(&dir.join("out"))), clean);
+    (clean, kills)
+}
+
 /// A seed for a randomized test, from the clock (printed by the test).
 pub(crate) fn clock_seed() -> u64 {
     std::time::SystemTime::now()

@@ -133,46 +133,52 @@ struct Evict {
     index: usize,
     /// The unit of its timestamps.
     unit: TimeUnit,
-    /// A window struct (evicted after its `end`), or a timestamp (evicted
-    /// after it).
-    window: bool,
-    /// A session window: the group's sessions that overlap merge, so a row
-    /// is late when it starts before the watermark (it could belong to a
-    /// session already written), not when its own session ends.
-    session: bool,
-    /// For a timestamp key, how long after it the group may be evicted: a
-    /// `date_bin` key's stride (its bin's end), 0 for a deduplicated event
-    /// time.
-    width: i64,
+    kind: EvictKind,
+}
+
+/// What the evicting key holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EvictKind {
+    /// A window struct (`window(...)`, a sliding window): evicted after its
+    /// `end`.
+    Window,
+    /// A session window struct: evicted after its `end`; the group's
+    /// sessions that overlap merge, so a row is late when it starts before
+    /// the watermark (it could belong to a session already written), not
+    /// when its own session ends.
+    Session,
+    /// A timestamp, evicted this long after it: a `date_bin` key's stride
+    /// (its bin's end), 0 for a deduplicated event time.
+    Time(i64),
 }
 
 impl Evict {
     /// The eviction time of each value of `column` (this key's column), in
     /// its unit; NULL for a NULL window or time.
     fn times(&self, column: &ArrayRef) -> DfResult<arrow::array::PrimitiveArray<Int64Type>> {
-        if self.window {
-            window_ends(column)
-        } else {
-            let times = cast(column, &DataType::Int64)?;
-            let times = times.as_primitive::<Int64Type>();
-            Ok(match self.width {
-                0 => times.clone(),
-                w => times.unary(|t| t.saturating_add(w)),
-            })
+        match self.kind {
+            EvictKind::Window | EvictKind::Session => window_bounds(column, 1),
+            EvictKind::Time(after) => {
+                let times = cast(column, &DataType::Int64)?;
+                Ok(times
+                    .as_primitive::<Int64Type>()
+                    .unary(|t| t.saturating_add(after)))
+            }
         }
     }
 
     /// True when this key is an event-time window (`window`, a sliding or
     /// session window, or `date_bin`) whose groups close.
     fn is_window(&self) -> bool {
-        self.window || self.width > 0
+        self.kind != EvictKind::Time(0)
     }
 
     /// True when a row whose key `column` holds these values is too late
     /// for a batch whose eviction threshold is `threshold`: each row's
     /// window has ended by then, or, for a session, it starts before it.
     fn late(&self, column: &ArrayRef, threshold: Option<i64>) -> DfResult<Vec<Option<bool>>> {
-        let (times, strict) = if self.session {
+        let session = self.kind == EvictKind::Session;
+        let (times, strict) = if session {
             (window_bounds(column, 0)?, true)
         } else {
             (self.times(column)?, false)
@@ -366,17 +372,17 @@ impl StatefulAggregate {
             Some((index, _, unit, session)) => Some(Evict {
                 index: *index,
                 unit: *unit,
-                window: true,
-                session: *session,
-                width: 0,
+                kind: if *session {
+                    EvictKind::Session
+                } else {
+                    EvictKind::Window
+                },
             }),
             // `date_bin(stride, ts)`: a tumbling window named by its start.
             None if !dedup => date_bin_key(&found.group_by).map(|(index, unit, width)| Evict {
                 index,
                 unit,
-                window: false,
-                session: false,
-                width,
+                kind: EvictKind::Time(width),
             }),
             // A deduplication keyed by a stream's event time forgets a key
             // once the watermark passes its time.
@@ -395,9 +401,7 @@ impl StatefulAggregate {
                             DataType::Timestamp(unit, _) => Some(Evict {
                                 index,
                                 unit,
-                                window: false,
-                                session: false,
-                                width: 0,
+                                kind: EvictKind::Time(0),
                             }),
                             _ => None,
                         }
@@ -438,7 +442,7 @@ impl StatefulAggregate {
 
     /// True when the aggregation groups by a session window.
     pub(crate) fn is_session(&self) -> bool {
-        self.evict.is_some_and(|e| e.session)
+        self.evict.is_some_and(|e| e.kind == EvictKind::Session)
     }
 
     /// True for a deduplication (no aggregate functions): each group is
@@ -548,41 +552,29 @@ impl StatefulAggregate {
         };
         let parts = rebatch(&schema, parts).map_err(df)?;
         let mut changed: Vec<RecordBatch> = Vec::new();
-        if let (false, Some(evict)) = (parts.is_empty(), self.evict.filter(|e| e.session)) {
-            // The batch's sessions and the stored sessions of the same
-            // groups, merged where they overlap, replace those stored.
+        if !parts.is_empty() {
             let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
             drop(parts); // only `new` is needed from here: half the memory
-            let old = store.lookup_indexed(&new)?;
-            let mut input = vec![new];
-            if let Some((o, _)) = &old {
-                input.push(o.clone());
-            }
-            let all = concat_batches(&schema, &input).map_err(|e| df(e.into()))?;
-            let all = merge_sessions(&all, evict.index, found.group_by.expr().len()).map_err(df)?;
-            let merge = found
-                .over_states(AggregateMode::PartialReduce, vec![all], &schema)
-                .map_err(df)?;
-            let merged = rebatch(
-                &schema,
-                collect(Arc::new(merge), ctx.clone()).await.map_err(df)?,
-            )
-            .map_err(df)?;
-            if let Some((o, buckets)) = old {
-                store.remove_keys(&o, &buckets)?;
-            }
-            for b in merged {
-                let buckets = self.buckets(&b).map_err(df)?;
-                progress.rows_updated += b.num_rows() as u64;
-                store.upsert(&b, &buckets)?;
-                changed.push(b);
-            }
-        } else if !parts.is_empty() {
-            let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
-            drop(parts); // only `new` is needed from here: half the memory
-            let buckets = self.buckets(&new).map_err(df)?;
-            let mut input = vec![new];
-            input.extend(store.lookup(&input[0], &buckets)?);
+            // What to merge: the batch's states and the stored ones of the
+            // same groups. A session window's stored sessions of those
+            // groups are merged with the batch's where they overlap, and
+            // the merged sessions replace them.
+            let (input, replaced) = match self.evict.filter(|e| e.kind == EvictKind::Session) {
+                Some(evict) => {
+                    let old = store.lookup_indexed(&new)?;
+                    let mut all = vec![new];
+                    all.extend(old.as_ref().map(|(o, _)| o.clone()));
+                    let all = concat_batches(&schema, &all).map_err(|e| df(e.into()))?;
+                    let keys = found.group_by.expr().len();
+                    let all = merge_sessions(&all, evict.index, keys).map_err(df)?;
+                    (vec![all], old)
+                }
+                None => {
+                    let buckets = self.buckets(&new).map_err(df)?;
+                    let old = store.lookup(&new, &buckets)?;
+                    (std::iter::once(new).chain(old).collect(), None)
+                }
+            };
             let merge = found
                 .over_states(AggregateMode::PartialReduce, input, &schema)
                 .map_err(df)?;
@@ -591,6 +583,9 @@ impl StatefulAggregate {
                 collect(Arc::new(merge), ctx.clone()).await.map_err(df)?,
             )
             .map_err(df)?;
+            if let Some((o, buckets)) = replaced {
+                store.remove_keys(&o, &buckets)?;
+            }
             for b in &merged {
                 let buckets = self.buckets(b).map_err(df)?;
                 if self.dedup {
@@ -689,12 +684,6 @@ impl StatefulAggregate {
     }
 }
 
-/// The `end` of each window in `windows` (a `window(...)` struct column),
-/// in the timestamps' own unit.
-fn window_ends(windows: &ArrayRef) -> DfResult<arrow::array::PrimitiveArray<Int64Type>> {
-    window_bounds(windows, 1)
-}
-
 /// Field `field` (0: start, 1: end) of each window in `windows`, in the
 /// timestamps' own unit; NULL for a NULL window.
 fn window_bounds(
@@ -704,16 +693,16 @@ fn window_bounds(
     let s = windows
         .as_struct_opt()
         .ok_or_else(|| internal(format!("a window column of type {}", windows.data_type())))?;
-    let end = s.column(field);
-    let ends = cast(end, &DataType::Int64)?;
-    let ends = ends.as_primitive::<Int64Type>().clone();
-    // A NULL window (a NULL event time) has no end, whatever the child holds.
+    let values = cast(s.column(field), &DataType::Int64)?;
+    let values = values.as_primitive::<Int64Type>().clone();
+    // A NULL window (a NULL event time) has no bounds, whatever the child
+    // holds.
     Ok(match s.nulls() {
         Some(n) => {
-            let merged = arrow::buffer::NullBuffer::union(Some(n), ends.nulls());
-            arrow::array::PrimitiveArray::<Int64Type>::new(ends.values().clone(), merged)
+            let merged = arrow::buffer::NullBuffer::union(Some(n), values.nulls());
+            arrow::array::PrimitiveArray::<Int64Type>::new(values.values().clone(), merged)
         }
-        None => ends,
+        None => values,
     })
 }
 
