@@ -271,6 +271,31 @@ impl CommitEntry {
     }
 }
 
+/// `<checkpoint>/progress/<N>`: what batch N did, as the engine reported
+/// it (rows, durations by phase, ranges, watermark, state). Written after
+/// the batch committed, best effort, and purged with `offsets/N`: the
+/// history `status` and the status page plot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgressEntry {
+    /// Format version ([`FORMAT_VERSION`]).
+    pub version: u32,
+    /// The batch id N.
+    pub batch_id: u64,
+    /// The engine's progress report of the batch.
+    pub progress: serde_json::Value,
+}
+
+impl ProgressEntry {
+    /// A new entry at the current format version.
+    pub fn new(batch_id: u64, progress: serde_json::Value) -> Self {
+        Self {
+            version: FORMAT_VERSION,
+            batch_id,
+            progress,
+        }
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
@@ -453,12 +478,12 @@ impl Checkpoint {
         })
     }
 
-    /// Remove `offsets/N` and `commits/N` for every `N < keep_from`: the
-    /// caller has made sure snapshots cover them. Best effort: a file that
-    /// cannot be removed is left for the next purge.
+    /// Remove `offsets/N`, `commits/N` and `progress/N` for every
+    /// `N < keep_from`: the caller has made sure snapshots cover them. Best
+    /// effort: a file that cannot be removed is left for the next purge.
     pub async fn purge_before(&self, keep_from: u64) -> Result<usize> {
         let mut removed = 0;
-        for dir in ["offsets", "commits"] {
+        for dir in ["offsets", "commits", "progress"] {
             for id in list_ids(&self.location, dir).await? {
                 if id >= keep_from {
                     break;
@@ -492,6 +517,12 @@ impl Checkpoint {
     /// Read `offsets/N`, if present.
     pub async fn offsets(&self, batch_id: u64) -> Result<Option<OffsetsEntry>> {
         read_entry(&self.location, &format!("offsets/{batch_id}")).await
+    }
+
+    /// Write `progress/N` (overwriting: a replayed batch reports again).
+    pub async fn write_progress(&self, entry: &ProgressEntry) -> Result<()> {
+        let path = self.location.child(&format!("progress/{}", entry.batch_id));
+        put_json(&self.location, &path, entry, PutMode::Overwrite).await
     }
 
     /// The highest planned batch, if any.
@@ -610,6 +641,64 @@ impl CheckpointView {
         latest(&self.location, "commits").await
     }
 
+    /// The location of the checkpoint.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// The recorded sources and sink (`query`), if written yet.
+    pub async fn query_record(&self) -> Result<Option<QueryRecord>> {
+        read_entry(&self.location, "query").await
+    }
+
+    /// Read `offsets/N`, if present.
+    pub async fn offsets(&self, batch_id: u64) -> Result<Option<OffsetsEntry>> {
+        read_entry(&self.location, &format!("offsets/{batch_id}")).await
+    }
+
+    /// Read `commits/N`, if present.
+    pub async fn commit(&self, batch_id: u64) -> Result<Option<CommitEntry>> {
+        read_entry(&self.location, &format!("commits/{batch_id}")).await
+    }
+
+    /// Read `progress/N`, if present.
+    pub async fn progress(&self, batch_id: u64) -> Result<Option<ProgressEntry>> {
+        read_entry(&self.location, &format!("progress/{batch_id}")).await
+    }
+
+    /// The retained batch ids of `offsets/`, ascending.
+    pub async fn offset_ids(&self) -> Result<Vec<u64>> {
+        list_ids(&self.location, "offsets").await
+    }
+
+    /// The retained batch ids of `commits/`, ascending.
+    pub async fn commit_ids(&self) -> Result<Vec<u64>> {
+        list_ids(&self.location, "commits").await
+    }
+
+    /// The retained batch ids of `progress/`, ascending.
+    pub async fn progress_ids(&self) -> Result<Vec<u64>> {
+        list_ids(&self.location, "progress").await
+    }
+
+    /// The progress of the last `n` batches that reported one, oldest
+    /// first. An unreadable entry (torn by a crash) is passed over.
+    pub async fn recent_progress(&self, n: usize) -> Result<Vec<ProgressEntry>> {
+        let ids = self.progress_ids().await?;
+        let mut out = Vec::new();
+        for id in ids.iter().rev().take(n).rev() {
+            match self.progress(*id).await {
+                Ok(Some(p)) => out.push(p),
+                Ok(None) => {}
+                Err(e @ (Error::Corrupt { .. } | Error::UnsupportedVersion { .. })) => {
+                    tracing::warn!(batch_id = id, error = %e, "skipping an unreadable progress entry")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether a running process holds the checkpoint (local checkpoints only;
     /// `None` when the store cannot tell).
     pub fn is_in_use(&self) -> Option<bool> {
@@ -671,6 +760,11 @@ impl Versioned for OffsetsEntry {
     }
 }
 impl Versioned for QueryRecord {
+    fn format_version(&self) -> u32 {
+        self.version
+    }
+}
+impl Versioned for ProgressEntry {
     fn format_version(&self) -> u32 {
         self.version
     }

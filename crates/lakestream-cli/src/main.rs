@@ -16,6 +16,7 @@ macro_rules! outln {
     }};
 }
 
+mod audit;
 mod bench;
 mod progress_bar;
 mod query;
@@ -67,7 +68,8 @@ enum Command {
         /// batches back to back, polling while idle).
         #[arg(long)]
         trigger: Option<Trigger>,
-        /// Print one JSON object per batch on stdout.
+        /// Print one JSON object per batch on stdout, in the shape of
+        /// Spark's StreamingQueryProgress with lakestream's fields beside.
         #[arg(long)]
         progress_json: bool,
         #[command(flatten)]
@@ -84,6 +86,31 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Show the last N batches (their progress kept in the checkpoint).
+        #[arg(long, default_value_t = 5)]
+        batches: usize,
+        #[command(flatten)]
+        storage: StorageArgs,
+    },
+    /// Check a query's table against its checkpoint, batch by batch: every
+    /// batch exactly once, source ranges contiguous and as planned, row
+    /// counts consistent, orphan files listed.
+    #[command(after_help = "Example:\n  lakestream verify --checkpoint target/quickstart/_checkpoint\n\n\
+        Exit codes: 0 clean, 1 not clean (the report says why), 2 invalid arguments.\n\
+        Orphan files are warnings unless --strict.")]
+    Verify {
+        /// Checkpoint location (path or URL).
+        #[arg(long)]
+        checkpoint: String,
+        /// The table (default: the one the checkpoint's query writes).
+        #[arg(long)]
+        table: Option<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Count orphan files as errors.
+        #[arg(long)]
+        strict: bool,
         #[command(flatten)]
         storage: StorageArgs,
     },
@@ -219,6 +246,20 @@ enum TableAction {
         #[command(flatten)]
         storage: StorageArgs,
     },
+    /// Where a version's rows came from: its query, batch and the exact
+    /// source ranges (Kafka offsets, files) its commit records.
+    Lineage {
+        /// The table (path or URL).
+        table: String,
+        /// The version (default: the latest).
+        #[arg(long)]
+        version: Option<u64>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        storage: StorageArgs,
+    },
 }
 
 /// A size such as `134217728`, `128MiB`, `64mb` or `1GiB`.
@@ -264,6 +305,12 @@ async fn table_command(action: TableAction) -> anyhow::Result<()> {
             json,
             storage,
         } => table::history(&t, limit, json, &storage.options()).await,
+        TableAction::Lineage {
+            table: t,
+            version,
+            json,
+            storage,
+        } => audit::lineage(&t, version, json, &storage.options()).await,
     }
 }
 
@@ -355,9 +402,32 @@ fn main() -> ExitCode {
             Command::Status {
                 checkpoint,
                 json,
+                batches,
                 storage,
-            } => report(status::status(&checkpoint, json, &storage.options()).await),
+            } => report(status::status(&checkpoint, json, batches, &storage.options()).await),
             Command::Table { action } => report(table_command(action).await),
+            Command::Verify {
+                checkpoint,
+                table,
+                json,
+                strict,
+                storage,
+            } => match audit::verify(
+                &checkpoint,
+                table.as_deref(),
+                json,
+                strict,
+                &storage.options(),
+            )
+            .await
+            {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(EXIT_FAILED),
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(EXIT_FAILED)
+                }
+            },
             Command::Query {
                 sql,
                 format,
@@ -500,11 +570,7 @@ async fn run(
             }
             if progress_json {
                 let mut out = std::io::stdout().lock();
-                let _ = writeln!(
-                    out,
-                    "{}",
-                    serde_json::to_string(&p).expect("progress serializes")
-                );
+                let _ = writeln!(out, "{}", p.spark_json());
                 let _ = out.flush();
             }
         }

@@ -9,6 +9,7 @@ use lakestream_engine::checkpoint::Checkpoint;
 pub(crate) async fn status(
     location: &str,
     json: bool,
+    batches: usize,
     options: &HashMap<String, String>,
 ) -> anyhow::Result<()> {
     let view = Checkpoint::inspect(location, options)
@@ -44,6 +45,27 @@ pub(crate) async fn status(
             })
         })
         .collect();
+    let recent: Vec<lakestream_engine::BatchProgress> = view
+        .recent_progress(batches)
+        .await?
+        .into_iter()
+        .filter_map(|e| serde_json::from_value(e.progress).ok())
+        .collect();
+    let recent_json: Vec<serde_json::Value> = recent
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "batch_id": p.batch_id,
+                "timestamp_ms": p.timestamp_ms,
+                "input_rows": p.input_rows,
+                "output_rows": p.output_rows,
+                "duration_ms": p.durations.total_ms,
+                "table_version": p.table_version,
+                "skipped": p.skipped,
+                "recovered": p.recovered,
+            })
+        })
+        .collect();
     let watermark_ms = planned.as_ref().and_then(|p| p.watermark_ms);
     let out = serde_json::json!({
         "query_id": view.metadata().query_id.to_string(),
@@ -55,6 +77,7 @@ pub(crate) async fn status(
         "sources": sources,
         "watermark_ms": watermark_ms,
         "state": state,
+        "recent_batches": recent_json,
     });
     if json {
         outln!("{}", serde_json::to_string_pretty(&out)?);
@@ -107,6 +130,12 @@ pub(crate) async fn status(
             s["bytes"],
             s["as_of_batch"]
         );
+    }
+    if !recent.is_empty() {
+        outln!("last batches:");
+        for p in &recent {
+            outln!("  {}", p.human_line());
+        }
     }
     Ok(())
 }

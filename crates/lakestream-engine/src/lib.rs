@@ -15,6 +15,7 @@
 
 mod driver;
 pub mod job;
+pub mod lineage;
 mod progress;
 mod provider;
 mod query;

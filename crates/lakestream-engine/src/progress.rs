@@ -2,10 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Where the time of a batch went, in milliseconds.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct Durations {
     /// Asking the sources for new offsets.
     pub plan_ms: f64,
@@ -20,7 +21,8 @@ pub struct Durations {
 }
 
 /// One source's range in a batch.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct SourceProgress {
     /// Offset before the batch (`null` before the first).
     pub start: Option<serde_json::Value>,
@@ -37,18 +39,39 @@ pub struct SourceProgress {
     /// with `missing_files 'skip'`), also recorded in the commit.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<lakestream_source::Skipped>,
+    /// What the source reads, as `kind[location]` (`files[s3://b/in/]`).
+    pub identity: String,
+    /// The newest offset the source saw available when the batch was
+    /// planned (Kafka: high watermarks), when it can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest: Option<serde_json::Value>,
+    /// Units available and not yet planned after this batch, per part of
+    /// the source (Kafka: `topic/partition` -> offsets).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lag: BTreeMap<String, u64>,
 }
 
 /// What one batch did. Printed per batch by the CLI (`--progress-json`).
 ///
 /// A stateful query's batches also carry the event-time watermark they ran
 /// with and their aggregation's state figures.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct BatchProgress {
     /// The query id.
     pub query_id: String,
+    /// This run's id: new each time the query starts.
+    pub run_id: String,
+    /// The query's name, when it has one (a job's file name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// The batch id.
     pub batch_id: u64,
+    /// The batch's timestamp (ms since the epoch; what `now()` returns in
+    /// it), fixed when it was planned.
+    pub timestamp_ms: i64,
+    /// What the sink writes to (`delta file:///...`).
+    pub sink: String,
     /// Rows read from all sources.
     pub input_rows: u64,
     /// Rows written to the table.
@@ -59,6 +82,9 @@ pub struct BatchProgress {
     pub output_bytes: u64,
     /// Input rows per second of batch time.
     pub rows_per_second: f64,
+    /// Input rows per second of wall time since the previous batch of this
+    /// run started (the rate data arrived at); 0 for a run's first batch.
+    pub input_rows_per_second: f64,
     /// Time split.
     pub durations: Durations,
     /// Per-source ranges.
@@ -133,6 +159,108 @@ impl BatchProgress {
             skipped.concat(),
             done.concat()
         )
+    }
+
+    /// This batch in the shape of Spark's `StreamingQueryProgress` (`id`,
+    /// `runId`, `batchId`, `numInputRows`, `durationMs`, `eventTime`,
+    /// `stateOperators`, `sources`, `sink`, ...), so dashboards and parsers
+    /// written for Spark read it, with lakestream's own fields beside
+    /// Spark's (`batch_id`, `durations`, `table_version`, ...). Spark's
+    /// `sources` is a list of objects, each with lakestream's `name`,
+    /// `range`, `backlog`, `lag` and `skipped` added.
+    pub fn spark_json(&self) -> serde_json::Value {
+        use serde_json::{Value, json};
+        let iso = |ms: i64| {
+            chrono::DateTime::from_timestamp_millis(ms)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        };
+        let total_s = self.durations.total_ms / 1000.0;
+        let sources: Vec<Value> = self
+            .sources
+            .iter()
+            .map(|(name, s)| {
+                let processed = if total_s > 0.0 {
+                    s.input_rows as f64 / total_s
+                } else {
+                    0.0
+                };
+                let share = if self.input_rows > 0 {
+                    s.input_rows as f64 / self.input_rows as f64
+                } else {
+                    0.0
+                };
+                let mut o = json!({
+                    "description": s.identity,
+                    "startOffset": s.start,
+                    "endOffset": s.end,
+                    "latestOffset": s.latest,
+                    "numInputRows": s.input_rows,
+                    "inputRowsPerSecond": self.input_rows_per_second * share,
+                    "processedRowsPerSecond": processed,
+                    "name": name,
+                    "range": s.description,
+                });
+                if let Some(b) = s.backlog {
+                    o["backlog"] = json!(b);
+                }
+                if !s.lag.is_empty() {
+                    o["lag"] = json!(s.lag);
+                }
+                if !s.skipped.is_empty() {
+                    o["skipped"] = json!(s.skipped);
+                }
+                o
+            })
+            .collect();
+        let mut event_time = serde_json::Map::new();
+        if let Some(w) = self.watermark_ms.and_then(iso) {
+            event_time.insert("watermark".into(), json!(w));
+        }
+        let state_operators: Vec<Value> = self
+            .state
+            .iter()
+            .map(|st| {
+                json!({
+                    "operatorName": st.operator,
+                    "numRowsTotal": st.rows,
+                    "numRowsUpdated": st.rows_updated,
+                    "numRowsRemoved": st.rows_evicted,
+                    "memoryUsedBytes": st.bytes,
+                    "numRowsDroppedByWatermark": st.rows_dropped_by_watermark,
+                    "customMetrics": { "numRowsWithoutEventTime": st.rows_without_event_time },
+                })
+            })
+            .collect();
+        let mut out = match serde_json::to_value(self).expect("progress serializes") {
+            Value::Object(m) => m,
+            _ => unreachable!("a struct serializes to an object"),
+        };
+        let spark = json!({
+            "id": self.query_id,
+            "runId": self.run_id,
+            "name": self.name,
+            "timestamp": iso(self.timestamp_ms),
+            "batchId": self.batch_id,
+            "batchDuration": self.durations.total_ms.round() as u64,
+            "numInputRows": self.input_rows,
+            "inputRowsPerSecond": self.input_rows_per_second,
+            "processedRowsPerSecond": self.rows_per_second,
+            "durationMs": {
+                "latestOffset": self.durations.plan_ms.round() as u64,
+                "walCommit": self.durations.write_ahead_ms.round() as u64,
+                "addBatch": self.durations.execute_ms.round() as u64,
+                "commitOffsets": self.durations.commit_ms.round() as u64,
+                "triggerExecution": self.durations.total_ms.round() as u64,
+            },
+            "eventTime": event_time,
+            "stateOperators": state_operators,
+            "sources": sources,
+            "sink": { "description": self.sink, "numOutputRows": self.output_rows },
+        });
+        if let Value::Object(m) = spark {
+            out.extend(m);
+        }
+        Value::Object(out)
     }
 
     /// The input known to all sources that report a backlog, summed.

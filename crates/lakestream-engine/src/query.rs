@@ -16,7 +16,7 @@ use lakestream_source::Source;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::driver::Driver;
+use crate::driver::{Driver, RunInfo};
 use crate::progress::BatchProgress;
 use crate::provider::{BatchScans, MicroBatchTable};
 use crate::stateful::{
@@ -81,6 +81,7 @@ pub struct QueryBuilder {
     job: Option<lakestream_job::Job>,
     output_mode: OutputMode,
     event_times: BTreeMap<String, EventTime>,
+    name: Option<String>,
 }
 
 impl Default for QueryBuilder {
@@ -125,7 +126,15 @@ impl QueryBuilder {
             job: None,
             output_mode: OutputMode::default(),
             event_times: BTreeMap::new(),
+            name: None,
         }
+    }
+
+    /// A name for the query, reported in progress (Spark's `name`); a job
+    /// file's queries are named after the file.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
     }
 
     /// The DataFusion session: register UDFs or build a [`DataFrame`] over
@@ -297,6 +306,22 @@ impl QueryBuilder {
                 "the query has no streaming source".into(),
             ));
         }
+        let fingerprint = match (&self.job, &self.query) {
+            (Some(job), _) => crate::lineage::sql_fingerprint(&job.insert.query.to_string()),
+            (None, Some(QuerySpec::Sql(sql))) => crate::lineage::sql_fingerprint(sql),
+            (None, Some(QuerySpec::Plan(p))) => {
+                crate::lineage::sql_fingerprint(&p.display_indent().to_string())
+            }
+            (None, None) => String::new(),
+        };
+        let name = self.name.clone().or_else(|| {
+            self.job.as_ref().map(|j| {
+                std::path::Path::new(&j.file)
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| j.file.clone())
+            })
+        });
         let plan = match self.query {
             None => {
                 return Err(Error::InvalidQuery(
@@ -477,6 +502,7 @@ impl QueryBuilder {
                 .collect(),
             sink.identity(),
         );
+        let sink_identity = record.sink.clone();
         ckpt.check_query(&record).await?;
         sink.open(output_schema).await?;
         Ok(Driver {
@@ -491,6 +517,12 @@ impl QueryBuilder {
             min_batches_to_retain: self.min_batches_to_retain,
             fail_point: self.fail_point,
             stateful,
+            run: RunInfo {
+                run_id: uuid::Uuid::new_v4().to_string(),
+                name,
+                fingerprint,
+                sink: sink_identity,
+            },
         })
     }
 }

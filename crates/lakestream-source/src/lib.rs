@@ -186,6 +186,17 @@ pub struct Backlog {
     pub bytes_total: u64,
 }
 
+/// What a source saw available at its last plan ([`Source::latest`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Latest {
+    /// The newest offset available, in the source's own terms (Kafka: each
+    /// topic's partitions with their high watermark).
+    pub offset: Offset,
+    /// Units available and not yet planned, per part of the source (Kafka:
+    /// `topic/partition` -> offsets behind the high watermark).
+    pub lag: std::collections::BTreeMap<String, u64>,
+}
+
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -310,6 +321,14 @@ pub trait Source: Send + Sync + Debug {
     /// How much of the known input is done, for progress display: `None`
     /// when the source cannot tell (the default).
     fn backlog(&self) -> Option<Backlog> {
+        None
+    }
+
+    /// The newest input the source saw available at its last
+    /// [`Source::plan`], and how far behind it that plan left each part of
+    /// the source. Progress reports it as Spark's `latestOffset`, metrics
+    /// as lag. `None` (the default) when the source cannot tell.
+    fn latest(&self) -> Option<Latest> {
         None
     }
 

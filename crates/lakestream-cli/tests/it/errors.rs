@@ -196,7 +196,8 @@ fn a_planned_file_that_vanished_fails_the_batch_unless_skipping_is_asked_for() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(progress.len(), 1, "{}", text(&o));
-    let skipped = &progress[0]["sources"]["events"]["skipped"];
+    assert_eq!(progress[0]["sources"][0]["name"], "events");
+    let skipped = &progress[0]["sources"][0]["skipped"];
     assert!(
         skipped.to_string().contains("zz-bad.json"),
         "progress names the skipped file: {}",

@@ -12,6 +12,7 @@ use lakestream_checkpoint::{CommitEntry, OffsetsEntry};
 use lakestream_sink::{CommitInfo, CommitOutcome};
 
 use super::Driver;
+use crate::lineage;
 use crate::progress::{BatchProgress, Durations, SourceProgress};
 use crate::provider::{BatchRange, BatchScans, source_failure};
 use crate::stateful::StateProgress;
@@ -25,6 +26,7 @@ impl Driver {
         plan_time: Duration,
         wa_time: Duration,
         recovered: bool,
+        since_last: Option<Duration>,
     ) -> Result<BatchProgress> {
         let batch_id = entry.batch_id;
         let query_id = self.ckpt.query_id().to_string();
@@ -33,24 +35,22 @@ impl Driver {
 
         let mut progress = BatchProgress {
             query_id: query_id.clone(),
+            run_id: self.run.run_id.clone(),
+            name: self.run.name.clone(),
             batch_id,
-            input_rows: 0,
-            output_rows: 0,
-            output_files: 0,
-            output_bytes: 0,
-            rows_per_second: 0.0,
-            durations: Durations::default(),
-            sources: BTreeMap::new(),
-            table_version: None,
-            skipped: false,
+            timestamp_ms: entry.batch_timestamp_ms,
+            sink: self.run.sink.clone(),
             recovered,
             watermark_ms: entry.watermark_ms,
-            state: None,
+            ..Default::default()
         };
         for t in &self.tables {
             let name = t.source().name();
             if let Some(r) = entry.sources.get(name) {
                 let end = (!r.end.is_null()).then(|| r.end.clone());
+                // A recovered batch was planned by an earlier run: what the
+                // source saw then is not known.
+                let latest = if recovered { None } else { t.source().latest() };
                 progress.sources.insert(
                     name.to_string(),
                     SourceProgress {
@@ -63,6 +63,12 @@ impl Driver {
                         input_rows: 0,
                         backlog: t.source().backlog(),
                         skipped: Vec::new(),
+                        identity: {
+                            let id = t.source().identity();
+                            format!("{}[{}]", id.kind, id.location)
+                        },
+                        latest: latest.as_ref().map(|l| l.offset.clone()),
+                        lag: latest.map(|l| l.lag).unwrap_or_default(),
                     },
                 );
             }
@@ -154,6 +160,38 @@ impl Driver {
             "engine".into(),
             serde_json::json!(concat!("lakestream ", env!("CARGO_PKG_VERSION"))),
         );
+        // Lineage: the exact ranges read, as `offsets/N` holds them.
+        let ranges: serde_json::Map<String, serde_json::Value> = entry
+            .sources
+            .iter()
+            .map(|(name, r)| {
+                let start = r
+                    .start
+                    .as_ref()
+                    .map(|v| lineage::recorded_offset(v, batch_id))
+                    .unwrap_or(serde_json::Value::Null);
+                let source = progress
+                    .sources
+                    .get(name)
+                    .map(|p| p.identity.clone())
+                    .unwrap_or_default();
+                (
+                    name.clone(),
+                    serde_json::json!({
+                        "source": source,
+                        "start": start,
+                        "end": lineage::recorded_offset(&r.end, batch_id),
+                    }),
+                )
+            })
+            .collect();
+        meta.insert("ranges".into(), ranges.into());
+        meta.insert("sqlFingerprint".into(), self.run.fingerprint.clone().into());
+        meta.insert("inputRows".into(), progress.input_rows.into());
+        meta.insert("outputRows".into(), staged.rows.into());
+        if let Some(w) = entry.watermark_ms {
+            meta.insert("watermarkMs".into(), w.into());
+        }
         let (rows, files, bytes) = (staged.rows, staged.files, staged.bytes);
         let outcome = self
             .sink
@@ -209,6 +247,10 @@ impl Driver {
             progress.input_rows as f64 / total.as_secs_f64()
         } else {
             0.0
+        };
+        progress.input_rows_per_second = match since_last {
+            Some(d) if d.as_secs_f64() > 0.0 => progress.input_rows as f64 / d.as_secs_f64(),
+            _ => 0.0,
         };
         Ok(progress)
     }

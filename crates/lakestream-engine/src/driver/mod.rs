@@ -42,6 +42,20 @@ pub(crate) struct Driver {
     pub(crate) fail_point: Option<(FailPoint, u64)>,
     /// The query's aggregation, when it has one.
     pub(crate) stateful: Option<StatefulAggregate>,
+    /// What progress and lineage say of this run.
+    pub(crate) run: RunInfo,
+}
+
+/// What progress and lineage say of a run besides its batches.
+pub(crate) struct RunInfo {
+    /// New at every start of the query.
+    pub(crate) run_id: String,
+    /// The query's name, if any.
+    pub(crate) name: Option<String>,
+    /// [`crate::lineage::sql_fingerprint`] of the query.
+    pub(crate) fingerprint: String,
+    /// What the sink writes to.
+    pub(crate) sink: String,
 }
 
 impl Driver {
@@ -50,6 +64,19 @@ impl Driver {
             return Err(Error::InjectedFault { point, batch_id });
         }
         Ok(())
+    }
+
+    /// Keep batch `p`'s progress with the checkpoint (`progress/N`), for
+    /// `status` and the status page. Best effort: the batch is committed
+    /// already, and a lost report loses nothing but a point of history.
+    async fn keep_progress(&self, p: &BatchProgress) {
+        let entry = lakestream_checkpoint::ProgressEntry::new(
+            p.batch_id,
+            serde_json::to_value(p).expect("progress serializes"),
+        );
+        if let Err(e) = self.ckpt.write_progress(&entry).await {
+            tracing::warn!(batch_id = p.batch_id, error = %e, "cannot keep the batch's progress in the checkpoint");
+        }
     }
 
     pub(crate) async fn run(
@@ -89,10 +116,14 @@ impl Driver {
             // The watermark the last planned batch ran with.
             watermark_ms: mut watermark,
         } = self.recover().await?;
+        // When the previous batch of this run started (for the input rate).
+        let mut last_start: Option<Instant> = None;
         if let Some(entry) = pending {
+            last_start = Some(Instant::now());
             let p = self
-                .run_batch(&entry, Duration::ZERO, Duration::ZERO, true)
+                .run_batch(&entry, Duration::ZERO, Duration::ZERO, true, None)
                 .await?;
+            self.keep_progress(&p).await;
             report(p, &mut summary);
         }
         self.resolve_starts(&mut prev, &mut stop).await?;
@@ -166,7 +197,12 @@ impl Driver {
             let t_wa = Instant::now();
             self.ckpt.write_offsets(&entry).await?;
             let wa_time = t_wa.elapsed();
-            let p = self.run_batch(&entry, plan_time, wa_time, false).await?;
+            let since_last = last_start.map(|t| t.elapsed());
+            last_start = Some(t_plan);
+            let p = self
+                .run_batch(&entry, plan_time, wa_time, false, since_last)
+                .await?;
+            self.keep_progress(&p).await;
             report(p, &mut summary);
             if (next_id + 1).is_multiple_of(self.snapshot_interval) {
                 self.write_snapshots(next_id).await;

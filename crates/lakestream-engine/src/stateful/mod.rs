@@ -91,7 +91,8 @@ pub struct EventTime {
 }
 
 /// A stateful operator's figures for one batch.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
+#[serde(default)]
 pub struct StateProgress {
     /// The operator (`aggregate`).
     pub operator: String,

@@ -367,6 +367,8 @@ struct KafkaState {
     /// When topic ids were last compared with the recorded ones (`None`:
     /// not yet in this run, so the first plan compares them).
     ids_checked: Option<Instant>,
+    /// The high watermarks and the lag behind them at the last plan.
+    latest: Option<crate::Latest>,
 }
 
 /// How often planning compares topic ids with the recorded ones, besides
@@ -789,6 +791,7 @@ impl Source for KafkaSource {
             None => backlogs.clone(),
         };
         let mut any = !next.data_loss.is_empty();
+        let mut lag = BTreeMap::new();
         for (i, take) in takes {
             let r = &rows[i];
             any |= take > 0;
@@ -796,7 +799,21 @@ impl Source for KafkaSource {
                 .entry(r.topic.clone())
                 .or_default()
                 .insert(r.partition, r.start + take);
+            let hi = marks.marks[&r.topic][&r.partition].1;
+            lag.insert(
+                format!("{}/{}", r.topic, r.partition),
+                u64::try_from(hi - (r.start + take)).unwrap_or(0),
+            );
         }
+        let highs: PartitionOffsets = marks
+            .marks
+            .iter()
+            .map(|(t, parts)| (t.clone(), parts.iter().map(|(p, (_, hi))| (*p, *hi)).collect()))
+            .collect();
+        self.state.lock().expect("kafka state").latest = Some(crate::Latest {
+            offset: serde_json::to_value(highs).expect("offsets serialize"),
+            lag,
+        });
         if !any {
             return Ok(None);
         }
@@ -828,6 +845,10 @@ impl Source for KafkaSource {
             .filter(|g| !g.is_empty())
             .map(|g| self.range_stream(g))
             .collect())
+    }
+
+    fn latest(&self) -> Option<crate::Latest> {
+        self.state.lock().expect("kafka state").latest.clone()
     }
 
     fn describe(&self, start: Option<&Offset>, end: &Offset) -> String {

@@ -1,0 +1,574 @@
+//! Audit of a query's table: `lakestream table lineage` (where a version's
+//! rows came from) and `lakestream verify` (the table against its
+//! checkpoint, batch by batch).
+//!
+//! Both read the lineage every lakestream commit records in
+//! `commitInfo.lakestream` (see the engine's `lineage` module): batch id,
+//! query id, SQL fingerprint, row counts and each source's exact range.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use anyhow::{Context, bail};
+use deltalake::DeltaTable;
+use futures::TryStreamExt;
+use lakestream::storage::Location;
+use lakestream_engine::checkpoint::Checkpoint;
+use lakestream_engine::lineage::same_offset;
+use serde_json::{Value, json};
+
+/// One commit of the table, as the audit reads it from `_delta_log`.
+#[derive(Debug, Default)]
+struct LogCommit {
+    version: u64,
+    /// `commitInfo`, or null.
+    info: Value,
+    /// `txn` app id -> version.
+    txns: BTreeMap<String, u64>,
+    /// Paths of `add` actions with their record counts (when stats have them).
+    adds: Vec<(String, Option<u64>)>,
+    /// Paths of `remove` actions.
+    removes: Vec<String>,
+}
+
+impl LogCommit {
+    fn lakestream(&self) -> Option<&Value> {
+        self.info.get("lakestream").filter(|v| v.is_object())
+    }
+}
+
+async fn load(url: &str, options: &HashMap<String, String>) -> anyhow::Result<DeltaTable> {
+    let loc = Location::parse(url, options)?;
+    lakestream::sink::delta::load_table(&loc)
+        .await
+        .with_context(|| format!("cannot open the Delta table at {url}"))?
+        .with_context(|| format!("{url} is not a Delta table (no _delta_log)"))
+}
+
+/// Read commit `version` of `table`; `None` when the log no longer has it
+/// (removed by log retention).
+async fn read_commit(table: &DeltaTable, version: u64) -> anyhow::Result<Option<LogCommit>> {
+    let Some(bytes) = table
+        .log_store()
+        .read_commit_entry(version)
+        .await
+        .with_context(|| format!("cannot read commit {version} of {}", table.table_url()))?
+    else {
+        return Ok(None);
+    };
+    let mut c = LogCommit {
+        version,
+        info: Value::Null,
+        ..Default::default()
+    };
+    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let action: Value = serde_json::from_slice(line)
+            .with_context(|| format!("commit {version} has a line that is not JSON"))?;
+        if let Some(i) = action.get("commitInfo") {
+            c.info = i.clone();
+        } else if let Some(t) = action.get("txn") {
+            if let (Some(app), Some(v)) = (t["appId"].as_str(), t["version"].as_u64()) {
+                c.txns.insert(app.to_string(), v);
+            }
+        } else if let Some(a) = action.get("add") {
+            let rows = a["stats"]
+                .as_str()
+                .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                .and_then(|s| s["numRecords"].as_u64());
+            c.adds
+                .push((decode(a["path"].as_str().unwrap_or_default()), rows));
+        } else if let Some(r) = action.get("remove") {
+            c.removes.push(decode(r["path"].as_str().unwrap_or_default()));
+        }
+    }
+    Ok(Some(c))
+}
+
+/// A log path, percent-decoded (Delta stores paths URL-encoded).
+fn decode(path: &str) -> String {
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// `lakestream table lineage`: where version `version` (default: the
+/// latest) of the table came from.
+pub(crate) async fn lineage(
+    url: &str,
+    version: Option<u64>,
+    json_out: bool,
+    options: &HashMap<String, String>,
+) -> anyhow::Result<()> {
+    let table = load(url, options).await?;
+    let latest = table.version().context("the table has no version yet")? as u64;
+    let version = version.unwrap_or(latest);
+    if version > latest {
+        bail!("{url} has no version {version} (the latest is {latest})");
+    }
+    let commit = read_commit(&table, version).await?.with_context(|| {
+        format!(
+            "commit {version} of {url} is no longer in the log (removed by log retention); \
+             lineage is kept in the commits the log keeps"
+        )
+    })?;
+    let Some(l) = commit.lakestream() else {
+        let op = commit.info["operation"].as_str().unwrap_or("unknown");
+        if json_out {
+            outln!(
+                "{}",
+                json!({ "version": version, "lakestream": false, "operation": op })
+            );
+        } else {
+            outln!(
+                "version {version} of {url} was not written by a lakestream query (operation {op})"
+            );
+        }
+        return Ok(());
+    };
+    let rows_added: u64 = commit.adds.iter().filter_map(|(_, r)| *r).sum();
+    if json_out {
+        outln!(
+            "{}",
+            json!({
+                "version": version,
+                "lakestream": true,
+                "operation": commit.info["operation"],
+                "timestamp": commit.info["timestamp"],
+                "query_id": l["queryId"],
+                "batch_id": l["batchId"],
+                "sql_fingerprint": l["sqlFingerprint"],
+                "input_rows": l["inputRows"],
+                "output_rows": l["outputRows"],
+                "files_added": commit.adds.len(),
+                "ranges": l["ranges"],
+                "skipped": l["skipped"],
+            })
+        );
+        return Ok(());
+    }
+    let when = commit.info["timestamp"]
+        .as_i64()
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| "-".into());
+    outln!(
+        "version {version} of {url}: batch {} of query {}, committed {when}",
+        l["batchId"],
+        l["queryId"].as_str().unwrap_or("?")
+    );
+    outln!(
+        "  rows: {} read, {} written in {} files ({} by the files' stats)",
+        opt(&l["inputRows"]),
+        opt(&l["outputRows"]),
+        commit.adds.len(),
+        rows_added
+    );
+    outln!("  query: {}", l["sqlFingerprint"].as_str().unwrap_or("-"));
+    match l["ranges"].as_object() {
+        None => outln!("  (written before lakestream recorded source ranges)"),
+        Some(ranges) => {
+            for (name, r) in ranges {
+                outln!("  source {name} {}:", r["source"].as_str().unwrap_or_default());
+                for line in describe_range(&r["start"], &r["end"]) {
+                    outln!("    {line}");
+                }
+            }
+        }
+    }
+    if let Some(skipped) = l.get("skipped").and_then(|s| s.as_object()) {
+        for (name, s) in skipped {
+            outln!("  source {name} left out: {s}");
+        }
+    }
+    Ok(())
+}
+
+fn opt(v: &Value) -> String {
+    if v.is_null() {
+        "-".into()
+    } else {
+        v.to_string()
+    }
+}
+
+/// Human lines for a recorded range, by the offset's shape: Kafka
+/// partitions as `[start, end)`, files by path, digests with where the full
+/// offset is kept, anything else as JSON.
+fn describe_range(start: &Value, end: &Value) -> Vec<String> {
+    if end.is_null() {
+        return vec!["no new data".into()];
+    }
+    if let (Some(digest), Some(at)) = (end.get("sha256"), end.get("checkpoint")) {
+        return vec![format!(
+            "a long offset ({} bytes of JSON) recorded as its sha256 {}; the checkpoint's {} \
+             holds it in full while it retains the batch",
+            opt(&end["bytes"]),
+            digest.as_str().unwrap_or("?"),
+            at.as_str().unwrap_or("?")
+        )];
+    }
+    if let Some(files) = end.get("files").and_then(|f| f.as_array()) {
+        let mut out = vec![format!(
+            "{} files (files {}..{} of the source)",
+            files.len(),
+            end["count"].as_u64().unwrap_or(0) - files.len() as u64,
+            opt(&end["count"])
+        )];
+        out.extend(
+            files
+                .iter()
+                .map(|f| f["path"].as_str().unwrap_or("?").to_string()),
+        );
+        return out;
+    }
+    if let Some(parts) = end.get("partitions").and_then(|p| p.as_object()) {
+        let mut out = Vec::new();
+        for (topic, ps) in parts {
+            for (p, e) in ps.as_object().into_iter().flatten() {
+                let e = e.as_i64().unwrap_or(0);
+                let s = start["partitions"][topic][p]
+                    .as_i64()
+                    .or_else(|| end["added"][topic][p].as_i64())
+                    .unwrap_or(e);
+                let lost = end["data_loss"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|l| l["topic"] == topic.as_str() && l["partition"].to_string() == *p);
+                let s = lost.and_then(|l| l["resumed_at"].as_i64()).unwrap_or(s);
+                if e > s {
+                    out.push(format!("{topic}/{p}: offsets [{s}, {e}) ({} records)", e - s));
+                }
+            }
+        }
+        if out.is_empty() {
+            out.push("no records".into());
+        }
+        return out;
+    }
+    vec![format!("from {start} to {end}")]
+}
+
+/// What `verify` found.
+#[derive(Debug, Default, serde::Serialize)]
+struct Report {
+    checkpoint: String,
+    table: String,
+    query_id: String,
+    /// Batches of the query found in the table.
+    batches_in_table: u64,
+    /// The table versions read.
+    versions_checked: u64,
+    /// The first version the log still holds.
+    first_version: u64,
+    /// Problems: each makes the exit code 1.
+    errors: Vec<String>,
+    /// Worth knowing, not a violation (orphan files unless `--strict`).
+    warnings: Vec<String>,
+    /// Files in the table's directory no commit references.
+    orphans: Vec<String>,
+}
+
+/// `lakestream verify`: check the table of the checkpoint's query against
+/// the checkpoint. Returns whether it is clean.
+pub(crate) async fn verify(
+    checkpoint: &str,
+    table_url: Option<&str>,
+    json_out: bool,
+    strict: bool,
+    options: &HashMap<String, String>,
+) -> anyhow::Result<bool> {
+    let view = Checkpoint::inspect(checkpoint, options)
+        .await?
+        .with_context(|| format!("no checkpoint at {checkpoint}"))?;
+    let query_id = view.metadata().query_id.to_string();
+    let record = view.query_record().await?;
+    let table_url = match table_url {
+        Some(t) => t.to_string(),
+        None => {
+            let sink = record
+                .as_ref()
+                .map(|r| r.sink.clone())
+                .context("the checkpoint does not record its table yet; pass --table")?;
+            sink.strip_prefix("delta ")
+                .with_context(|| format!("the query writes to {sink}, not to a Delta table"))?
+                .to_string()
+        }
+    };
+    let table = load(&table_url, options).await?;
+    let mut r = Report {
+        checkpoint: checkpoint.to_string(),
+        table: table_url.clone(),
+        query_id: query_id.clone(),
+        ..Default::default()
+    };
+    let latest = table.version().context("the table has no version yet")? as u64;
+
+    // The log, oldest first, from the first version it still holds.
+    let mut commits = Vec::new();
+    for v in (0..=latest).rev() {
+        match read_commit(&table, v).await? {
+            Some(c) => commits.push(c),
+            None => break,
+        }
+    }
+    commits.reverse();
+    r.first_version = commits.first().map(|c| c.version).unwrap_or(latest + 1);
+    r.versions_checked = commits.len() as u64;
+    if r.first_version > 0 {
+        r.warnings.push(format!(
+            "versions before {} are no longer in the log (log retention): batches committed \
+             there are not checked",
+            r.first_version
+        ));
+    }
+
+    // Every batch of this query in the table, exactly once.
+    let mut by_batch: BTreeMap<u64, Vec<&LogCommit>> = BTreeMap::new();
+    for c in &commits {
+        let txn = c.txns.get(&query_id).copied();
+        let info_batch = c
+            .lakestream()
+            .filter(|l| l["queryId"].as_str() == Some(query_id.as_str()))
+            .and_then(|l| l["batchId"].as_u64());
+        match (txn, info_batch) {
+            (Some(t), Some(b)) if t != b => r.errors.push(format!(
+                "version {}: its txn says batch {t} but its commitInfo says batch {b}",
+                c.version
+            )),
+            (Some(b), _) | (None, Some(b)) => by_batch.entry(b).or_default().push(c),
+            (None, None) => {}
+        }
+    }
+    r.batches_in_table = by_batch.len() as u64;
+    for (b, cs) in &by_batch {
+        if cs.len() > 1 {
+            let vs: Vec<String> = cs.iter().map(|c| c.version.to_string()).collect();
+            r.errors.push(format!(
+                "batch {b} is in the table {} times (versions {}): its rows are duplicated",
+                cs.len(),
+                vs.join(", ")
+            ));
+        }
+    }
+    if let (Some(&first), Some(&last)) = (by_batch.keys().next(), by_batch.keys().last()) {
+        let from = if r.first_version == 0 { 0 } else { first };
+        let missing: Vec<String> = (from..=last)
+            .filter(|b| !by_batch.contains_key(b))
+            .map(|b| b.to_string())
+            .collect();
+        if !missing.is_empty() {
+            r.errors.push(format!(
+                "batches {} are missing from the table (between batch {from} and batch {last})",
+                missing.join(", ")
+            ));
+        }
+    }
+
+    // The checkpoint's commits/N against the table.
+    let committed = view.commit_ids().await?;
+    for id in &committed {
+        let Some(entry) = view.commit(*id).await? else {
+            continue;
+        };
+        match (by_batch.get(id), entry.table_version) {
+            (None, Some(v)) if v >= r.first_version => r.errors.push(format!(
+                "the checkpoint's commits/{id} says batch {id} is in table version {v}, but the \
+                 table has no commit of batch {id}"
+            )),
+            (Some(cs), Some(v)) if !entry.skipped && !cs.iter().any(|c| c.version == v) => {
+                r.errors.push(format!(
+                    "the checkpoint's commits/{id} says table version {v}, but batch {id} is in \
+                     version {}",
+                    cs[0].version
+                ))
+            }
+            _ => {}
+        }
+    }
+    let last_committed = committed.last().copied();
+    for (b, cs) in by_batch.range(last_committed.map_or(0, |c| c + 1)..) {
+        // A batch committed to the table whose commits/N was not written
+        // yet (a crash in between) is normal: the restart writes it.
+        r.warnings.push(format!(
+            "batch {b} is in table version {} but not yet marked in the checkpoint's commits/ \
+             (a restart marks it)",
+            cs[0].version
+        ));
+    }
+    if let Some(planned) = view.offset_ids().await?.last()
+        && !by_batch.contains_key(planned)
+        && last_committed.is_none_or(|c| c < *planned)
+    {
+        r.warnings.push(format!(
+            "batch {planned} is planned (offsets/{planned}) but not committed: a restart runs it"
+        ));
+    }
+
+    // Ranges: contiguous per source, and equal to offsets/N.
+    let mut last_end: BTreeMap<String, (u64, Value)> = BTreeMap::new();
+    for (b, cs) in &by_batch {
+        let c = cs[0];
+        let Some(ranges) = c.lakestream().and_then(|l| l["ranges"].as_object()) else {
+            // Written before lineage was recorded: nothing to compare.
+            last_end.clear();
+            continue;
+        };
+        for (source, range) in ranges {
+            let (start, end) = (&range["start"], &range["end"]);
+            if let Some((pb, prev)) = last_end.get(source)
+                && !same_offset(start, prev)
+            {
+                r.errors.push(format!(
+                    "source {source}: batch {b} (version {}) starts at {} but batch {pb} ended at \
+                     {}: a gap or an overlap",
+                    c.version,
+                    short(start),
+                    short(prev)
+                ));
+            }
+            if !end.is_null() {
+                last_end.insert(source.clone(), (*b, end.clone()));
+            }
+        }
+        if let Some(planned) = view.offsets(*b).await? {
+            for (source, pr) in &planned.sources {
+                let Some(range) = ranges.get(source) else {
+                    r.errors.push(format!(
+                        "batch {b}: offsets/{b} has source {source}, the commit (version {}) \
+                         does not",
+                        c.version
+                    ));
+                    continue;
+                };
+                let start = pr.start.clone().unwrap_or(Value::Null);
+                if !same_offset(&range["start"], &start) || !same_offset(&range["end"], &pr.end) {
+                    r.errors.push(format!(
+                        "batch {b}: the range of source {source} in the commit (version {}) is \
+                         not the one in offsets/{b}: the commit has {} .. {}, the checkpoint {} \
+                         .. {}",
+                        c.version,
+                        short(&range["start"]),
+                        short(&range["end"]),
+                        short(&start),
+                        short(&pr.end)
+                    ));
+                }
+            }
+        }
+        // Row counts: what the commit says it wrote against its files.
+        let l = c.lakestream().expect("has ranges");
+        let appended = c.info["operation"] == "STREAMING UPDATE" && c.removes.is_empty();
+        let stats: Option<u64> = c.adds.iter().map(|(_, n)| *n).sum();
+        if appended
+            && let (Some(said), Some(stats)) = (l["outputRows"].as_u64(), stats)
+            && said != stats
+        {
+            r.errors.push(format!(
+                "batch {b} (version {}): the commit says {said} rows were written but its files \
+                 hold {stats}",
+                c.version
+            ));
+        }
+        if let Some(p) = view.progress(*b).await.ok().flatten()
+            && let (Some(pin), Some(cin)) =
+                (p.progress["input_rows"].as_u64(), l["inputRows"].as_u64())
+            && pin != cin
+            && p.progress["skipped"] != true
+        {
+            r.errors.push(format!(
+                "batch {b}: progress/{b} says {pin} rows were read, the commit (version {}) {cin}",
+                c.version
+            ));
+        }
+    }
+
+    // Orphans: files in the table directory that no commit references.
+    let loc = Location::parse(&table_url, options)?;
+    let mut referenced: BTreeSet<String> = BTreeSet::new();
+    for c in &commits {
+        referenced.extend(c.adds.iter().map(|(p, _)| p.clone()));
+        referenced.extend(c.removes.iter().cloned());
+    }
+    if let Ok(uris) = table.get_file_uris() {
+        let base = table.table_url().to_string();
+        let base = base.trim_end_matches('/');
+        for u in uris {
+            if let Some(rel) = u.strip_prefix(base) {
+                referenced.insert(decode(rel.trim_start_matches('/')));
+            }
+        }
+    }
+    let root = loc.root().as_ref().to_string();
+    let listed: Vec<object_store::ObjectMeta> = loc
+        .store()
+        .list(Some(loc.root()))
+        .try_collect()
+        .await
+        .with_context(|| format!("cannot list {table_url}"))?;
+    for meta in listed {
+        let rel = meta
+            .location
+            .as_ref()
+            .strip_prefix(root.as_str())
+            .unwrap_or(meta.location.as_ref())
+            .trim_start_matches('/')
+            .to_string();
+        let rel = decode(&rel);
+        let hidden = rel
+            .split('/')
+            .any(|part| part.starts_with('_') || part.starts_with('.'));
+        if !hidden && !referenced.contains(&rel) {
+            r.orphans.push(rel);
+        }
+    }
+    if !r.orphans.is_empty() {
+        let msg = format!(
+            "{} files in the table's directory are referenced by no commit (left by a batch \
+             that failed before its commit, or put there by hand); `lakestream table vacuum` \
+             removes them",
+            r.orphans.len()
+        );
+        if strict {
+            r.errors.push(msg);
+        } else {
+            r.warnings.push(msg);
+        }
+    }
+
+    let clean = r.errors.is_empty();
+    if json_out {
+        let mut v = serde_json::to_value(&r)?;
+        v["clean"] = json!(clean);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        outln!(
+            "{}: {} batches of query {} in {} ({} versions read from version {})",
+            if clean { "clean" } else { "NOT CLEAN" },
+            r.batches_in_table,
+            r.query_id,
+            r.table,
+            r.versions_checked,
+            r.first_version
+        );
+        for e in &r.errors {
+            outln!("error: {e}");
+        }
+        for w in &r.warnings {
+            outln!("warning: {w}");
+        }
+        for o in &r.orphans {
+            outln!("orphan: {o}");
+        }
+    }
+    Ok(clean)
+}
+
+/// A short form of an offset for messages.
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 200 {
+        format!("{}... ({} bytes)", &s[..s.floor_char_boundary(200)], s.len())
+    } else {
+        s
+    }
+}
