@@ -77,7 +77,8 @@ async fn read_commit(table: &DeltaTable, version: u64) -> anyhow::Result<Option<
             c.adds
                 .push((decode(a["path"].as_str().unwrap_or_default()), rows));
         } else if let Some(r) = action.get("remove") {
-            c.removes.push(decode(r["path"].as_str().unwrap_or_default()));
+            c.removes
+                .push(decode(r["path"].as_str().unwrap_or_default()));
         }
     }
     Ok(Some(c))
@@ -167,7 +168,10 @@ pub(crate) async fn lineage(
         None => outln!("  (written before lakestream recorded source ranges)"),
         Some(ranges) => {
             for (name, r) in ranges {
-                outln!("  source {name} {}:", r["source"].as_str().unwrap_or_default());
+                outln!(
+                    "  source {name} {}:",
+                    r["source"].as_str().unwrap_or_default()
+                );
                 for line in describe_range(&r["start"], &r["end"]) {
                     outln!("    {line}");
                 }
@@ -236,7 +240,10 @@ fn describe_range(start: &Value, end: &Value) -> Vec<String> {
                     .find(|l| l["topic"] == topic.as_str() && l["partition"].to_string() == *p);
                 let s = lost.and_then(|l| l["resumed_at"].as_i64()).unwrap_or(s);
                 if e > s {
-                    out.push(format!("{topic}/{p}: offsets [{s}, {e}) ({} records)", e - s));
+                    out.push(format!(
+                        "{topic}/{p}: offsets [{s}, {e}) ({} records)",
+                        e - s
+                    ));
                 }
             }
         }
@@ -567,7 +574,11 @@ pub(crate) async fn verify(
 fn short(v: &Value) -> String {
     let s = v.to_string();
     if s.len() > 200 {
-        format!("{}... ({} bytes)", &s[..s.floor_char_boundary(200)], s.len())
+        format!(
+            "{}... ({} bytes)",
+            &s[..s.floor_char_boundary(200)],
+            s.len()
+        )
     } else {
         s
     }

@@ -95,9 +95,11 @@ enum Command {
     /// Check a query's table against its checkpoint, batch by batch: every
     /// batch exactly once, source ranges contiguous and as planned, row
     /// counts consistent, orphan files listed.
-    #[command(after_help = "Example:\n  lakestream verify --checkpoint target/quickstart/_checkpoint\n\n\
+    #[command(
+        after_help = "Example:\n  lakestream verify --checkpoint target/quickstart/_checkpoint\n\n\
         Exit codes: 0 clean, 1 not clean (the report says why), 2 invalid arguments.\n\
-        Orphan files are warnings unless --strict.")]
+        Orphan files are warnings unless --strict."
+    )]
     Verify {
         /// Checkpoint location (path or URL).
         #[arg(long)]

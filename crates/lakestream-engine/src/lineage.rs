@@ -85,7 +85,10 @@ mod tests {
         let mut other = long.clone();
         other["count"] = json!(401);
         assert!(!same_offset(&rec, &recorded_offset(&other, 8)));
-        assert!(!same_offset(&small, &json!({"partitions": {"t": {"0": 6}}})));
+        assert!(!same_offset(
+            &small,
+            &json!({"partitions": {"t": {"0": 6}}})
+        ));
     }
 
     #[test]

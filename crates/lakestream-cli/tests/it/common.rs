@@ -272,6 +272,13 @@ pub(crate) fn killed_run_writes_the_clean_table(
         std::time::Duration::from_secs(240),
     );
     assert_eq!(multiset(&read_py(&dir.join("out"))), clean);
+    // The killed run's table and checkpoint agree, batch by batch.
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);
+    assert!(
+        o.status.success(),
+        "verify after {kills} kills: {}",
+        text(&o)
+    );
     (clean, kills)
 }
 

@@ -34,6 +34,16 @@ fn sigkill_at_random_moments_then_restart_keeps_every_row_exactly_once() {
     );
     assert_eq!(ours[0]["n"], expected.len() as u64);
     assert_eq!(ours[0]["d"], expected.len() as u64);
+    // Table and checkpoint agree batch by batch: 60 batches, each once,
+    // each starting where the one before it ended.
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
+    assert!(
+        o.status.success(),
+        "verify after {kills} kills: {}",
+        text(&o)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["batches_in_table"], 60, "{report}");
 }
 
 /// A windowed aggregation in output mode `mode`, killed at random moments

@@ -1,6 +1,7 @@
 //! End-to-end tests of the `lakestream` binary: real processes, real Delta
 //! tables, checked by Python `deltalake` and by `lakestream query`.
 
+mod audit;
 mod backfill;
 mod bench_smoke;
 mod broker;

@@ -72,20 +72,41 @@ fn quickstart_builds_a_delta_table_every_reader_agrees_on() {
         assert_eq!(p["name"], "quickstart", "{p}");
         assert!(p["timestamp"].as_str().unwrap().ends_with('Z'), "{p}");
         assert_eq!(p["numInputRows"], 100, "{p}");
-        for key in ["latestOffset", "walCommit", "addBatch", "commitOffsets", "triggerExecution"] {
+        for key in [
+            "latestOffset",
+            "walCommit",
+            "addBatch",
+            "commitOffsets",
+            "triggerExecution",
+        ] {
             assert!(p["durationMs"][key].is_u64(), "{p}");
         }
         assert!(p["processedRowsPerSecond"].as_f64().unwrap() > 0.0, "{p}");
         let src = &p["sources"][0];
         assert_eq!(src["name"], "events", "{p}");
-        assert!(src["description"].as_str().unwrap().starts_with("files[file://"), "{p}");
+        assert!(
+            src["description"]
+                .as_str()
+                .unwrap()
+                .starts_with("files[file://"),
+            "{p}"
+        );
         assert!(src["endOffset"].is_object(), "{p}");
         assert_eq!(src["numInputRows"], 100, "{p}");
         assert_eq!(p["sink"]["numOutputRows"], p["output_rows"], "{p}");
-        assert!(p["sink"]["description"].as_str().unwrap().starts_with("delta "), "{p}");
+        assert!(
+            p["sink"]["description"]
+                .as_str()
+                .unwrap()
+                .starts_with("delta "),
+            "{p}"
+        );
         assert_eq!(p["stateOperators"], serde_json::json!([]), "{p}");
     }
-    assert_eq!(progress[1]["sources"][0]["startOffset"], progress[0]["sources"][0]["endOffset"]);
+    assert_eq!(
+        progress[1]["sources"][0]["startOffset"],
+        progress[0]["sources"][0]["endOffset"]
+    );
 
     let table = dir.join("target/quickstart/clean_events");
     let rows = read_py(&table);
@@ -176,7 +197,10 @@ fn quickstart_builds_a_delta_table_every_reader_agrees_on() {
     assert_eq!(status["sources"]["events"]["files_taken"], 6);
     // Each batch's progress is kept with the checkpoint.
     let recent = status["recent_batches"].as_array().unwrap();
-    let ids: Vec<u64> = recent.iter().map(|b| b["batch_id"].as_u64().unwrap()).collect();
+    let ids: Vec<u64> = recent
+        .iter()
+        .map(|b| b["batch_id"].as_u64().unwrap())
+        .collect();
     assert_eq!(ids, [0, 1, 2], "{status}");
     assert!(recent.iter().all(|b| b["input_rows"] == 100), "{status}");
     assert_eq!(recent[2]["table_version"], 3, "{status}");

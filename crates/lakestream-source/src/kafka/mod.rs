@@ -808,7 +808,12 @@ impl Source for KafkaSource {
         let highs: PartitionOffsets = marks
             .marks
             .iter()
-            .map(|(t, parts)| (t.clone(), parts.iter().map(|(p, (_, hi))| (*p, *hi)).collect()))
+            .map(|(t, parts)| {
+                (
+                    t.clone(),
+                    parts.iter().map(|(p, (_, hi))| (*p, *hi)).collect(),
+                )
+            })
             .collect();
         self.state.lock().expect("kafka state").latest = Some(crate::Latest {
             offset: serde_json::to_value(highs).expect("offsets serialize"),
