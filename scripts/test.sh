@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs the Python readers the
-# tests check tables with, the Kafka broker and the S3-compatible server they
-# run against, starts the S3 server on 127.0.0.1, then builds and runs every
+# The whole test suite, on a fresh machine: installs a headless browser
+# (Debian's chromium) for the status-page test, the Python readers the tests
+# check tables with, the Kafka broker and the S3-compatible server they run
+# against, starts the S3 server on 127.0.0.1, then builds and runs every
 # Rust test and example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# A real browser for the status-page test: Debian's Chromium.
+if ! command -v chromium >/dev/null 2>&1; then
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+export LAKESTREAM_CHROMIUM="${LAKESTREAM_CHROMIUM:-$(command -v chromium)}"
 
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

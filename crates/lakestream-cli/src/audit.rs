@@ -233,11 +233,11 @@ fn describe_range(start: &Value, end: &Value) -> Vec<String> {
                     .as_i64()
                     .or_else(|| end["added"][topic][p].as_i64())
                     .unwrap_or(e);
-                let lost = end["data_loss"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|l| l["topic"] == topic.as_str() && l["partition"].to_string() == *p);
+                let lost = end["data_loss"].as_array().into_iter().flatten().find(|l| {
+                    l["topic"] == topic.as_str()
+                        && l["partition"].as_i64().map(|n| n.to_string()).as_deref()
+                            == Some(p.as_str())
+                });
                 let s = lost.and_then(|l| l["resumed_at"].as_i64()).unwrap_or(s);
                 if e > s {
                     out.push(format!(

@@ -22,10 +22,12 @@ mod progress_bar;
 mod query;
 mod status;
 mod table;
+mod web;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -72,6 +74,27 @@ enum Command {
         /// Spark's StreamingQueryProgress with lakestream's fields beside.
         #[arg(long)]
         progress_json: bool,
+        /// Serve Prometheus metrics on /metrics and the status page on /
+        /// at this address while the query runs (e.g. 127.0.0.1:9464).
+        #[arg(long)]
+        metrics_addr: Option<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
+    },
+    /// Serve the status page of a query's checkpoint: plots of its batch
+    /// history, current offsets, last batches and problems.
+    #[command(
+        after_help = "Example:\n  lakestream ui --checkpoint target/quickstart/_checkpoint --addr 127.0.0.1:8080\n\n\
+        The page reads the checkpoint at each load (and every 3 s while open): it shows a running \
+        query as it goes and a stopped one as it ended."
+    )]
+    Ui {
+        /// Checkpoint location (path or URL).
+        #[arg(long)]
+        checkpoint: String,
+        /// Address to serve the page on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        addr: String,
         #[command(flatten)]
         storage: StorageArgs,
     },
@@ -399,8 +422,24 @@ fn main() -> ExitCode {
                 checkpoint,
                 trigger,
                 progress_json,
+                metrics_addr,
                 storage,
-            } => run(job, checkpoint, trigger, progress_json, storage.options()).await,
+            } => {
+                run(
+                    job,
+                    checkpoint,
+                    trigger,
+                    progress_json,
+                    metrics_addr,
+                    storage.options(),
+                )
+                .await
+            }
+            Command::Ui {
+                checkpoint,
+                addr,
+                storage,
+            } => report(ui(checkpoint, addr, storage.options()).await),
             Command::Status {
                 checkpoint,
                 json,
@@ -524,6 +563,7 @@ async fn run(
     checkpoint: String,
     trigger: Option<Trigger>,
     progress_json: bool,
+    metrics_addr: Option<String>,
     storage_options: HashMap<String, String>,
 ) -> ExitCode {
     let text = match std::fs::read_to_string(&job) {
@@ -546,14 +586,37 @@ async fn run(
         fail_point,
         ..JobOptions::new(checkpoint)
     };
-    let builder = match load_job(&job.display().to_string(), &text, &options).await {
+    let mut builder = match load_job(&job.display().to_string(), &text, &options).await {
         Ok(b) => b,
         Err(e) => return engine_exit(&e),
     };
+    let metrics = metrics_addr
+        .as_ref()
+        .map(|_| Arc::new(lakestream_engine::metrics::Metrics::new()));
+    if let Some(m) = &metrics {
+        builder = builder.metrics(m.clone());
+    }
     let mut handle = match builder.start().await {
         Ok(h) => h,
         Err(e) => return engine_exit(&e),
     };
+    if let Some(addr) = &metrics_addr {
+        let site = web::Site {
+            checkpoint: options.checkpoint.clone(),
+            options: options.storage_options.clone(),
+            metrics,
+        };
+        match web::start(addr, site).await {
+            Ok(a) => {
+                eprintln!("lakestream: metrics on http://{a}/metrics, status page on http://{a}/")
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                handle.abort();
+                return ExitCode::from(EXIT_INVALID);
+            }
+        }
+    }
     eprintln!(
         "lakestream: query {} started ({})",
         handle.query_id(),
@@ -614,6 +677,28 @@ async fn run(
         }
         Err(e) => engine_exit(&e),
     }
+}
+
+/// `lakestream ui`: serve the status page of `checkpoint` until a signal.
+async fn ui(
+    checkpoint: String,
+    addr: String,
+    options: HashMap<String, String>,
+) -> anyhow::Result<()> {
+    // Fail now on a location that is not a checkpoint, not at the first
+    // page load.
+    lakestream_engine::checkpoint::Checkpoint::inspect(&checkpoint, &options)
+        .await?
+        .with_context(|| format!("no checkpoint at {checkpoint}"))?;
+    let site = web::Site {
+        checkpoint,
+        options,
+        metrics: None,
+    };
+    let a = web::start(&addr, site).await?;
+    eprintln!("lakestream: status page on http://{a}/ (Ctrl-C stops)");
+    signal().await;
+    Ok(())
 }
 
 async fn signal() {

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use anyhow::Context;
 use lakestream_engine::checkpoint::Checkpoint;
 
-/// Print the status of the checkpoint at `location`.
-pub(crate) async fn status(
+/// What a checkpoint says of its query: the `status --json` object, and
+/// the progress of its last `batches` batches, oldest first.
+pub(crate) async fn collect(
     location: &str,
-    json: bool,
     batches: usize,
     options: &HashMap<String, String>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<(serde_json::Value, Vec<lakestream_engine::BatchProgress>)> {
     let view = Checkpoint::inspect(location, options)
         .await?
         .with_context(|| format!("no checkpoint at {location}"))?;
@@ -78,7 +78,23 @@ pub(crate) async fn status(
         "watermark_ms": watermark_ms,
         "state": state,
         "recent_batches": recent_json,
+        "pending_batch": match (&planned, &committed) {
+            (Some(p), Some(c)) if p.batch_id > c.batch_id => Some(p.batch_id),
+            (Some(p), None) => Some(p.batch_id),
+            _ => None,
+        },
     });
+    Ok((out, recent))
+}
+
+/// Print the status of the checkpoint at `location`.
+pub(crate) async fn status(
+    location: &str,
+    json: bool,
+    batches: usize,
+    options: &HashMap<String, String>,
+) -> anyhow::Result<()> {
+    let (out, recent) = collect(location, batches, options).await?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -90,10 +106,13 @@ pub(crate) async fn status(
             v.to_string()
         }
     };
-    outln!("query id:             {}", view.metadata().query_id);
+    outln!(
+        "query id:             {}",
+        out["query_id"].as_str().unwrap_or("?")
+    );
     outln!(
         "running:              {}",
-        match running {
+        match out["running"].as_bool() {
             Some(true) => "yes",
             Some(false) => "no",
             None => "unknown (remote checkpoint)",
@@ -105,24 +124,21 @@ pub(crate) async fn status(
         opt(&out["last_committed_batch"])
     );
     outln!("table version:        {}", opt(&out["table_version"]));
-    if let (Some(p), Some(c)) = (&planned, &committed)
-        && p.batch_id > c.batch_id
-    {
+    if let Some(p) = out["pending_batch"].as_u64() {
         outln!(
-            "pending:              batch {} is planned but not committed; it re-runs on restart",
-            p.batch_id
+            "pending:              batch {p} is planned but not committed; it re-runs on restart"
         );
     }
-    for (name, s) in &sources {
+    for (name, s) in out["sources"].as_object().into_iter().flatten() {
         outln!("source {name}: {s}");
     }
-    if let Some(w) = watermark_ms {
+    if let Some(w) = out["watermark_ms"].as_i64() {
         let at = chrono::DateTime::from_timestamp_millis(w)
             .map(|t| t.to_rfc3339())
             .unwrap_or_else(|| w.to_string());
         outln!("watermark:            {at} (of the last planned batch)");
     }
-    for s in &state {
+    for s in out["state"].as_array().into_iter().flatten() {
         outln!(
             "state {}: {} keys, {} bytes, as of batch {}",
             s["operator"].as_str().unwrap_or("?"),

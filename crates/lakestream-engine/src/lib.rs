@@ -16,6 +16,7 @@
 mod driver;
 pub mod job;
 pub mod lineage;
+pub mod metrics;
 mod progress;
 mod provider;
 mod query;

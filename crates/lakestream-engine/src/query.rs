@@ -82,6 +82,7 @@ pub struct QueryBuilder {
     output_mode: OutputMode,
     event_times: BTreeMap<String, EventTime>,
     name: Option<String>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Default for QueryBuilder {
@@ -127,7 +128,15 @@ impl QueryBuilder {
             output_mode: OutputMode::default(),
             event_times: BTreeMap::new(),
             name: None,
+            metrics: None,
         }
+    }
+
+    /// Report each batch to `metrics` (Prometheus series labelled with
+    /// this query's id); several queries may share one.
+    pub fn metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// A name for the query, reported in progress (Spark's `name`); a job
@@ -517,6 +526,7 @@ impl QueryBuilder {
             min_batches_to_retain: self.min_batches_to_retain,
             fail_point: self.fail_point,
             stateful,
+            metrics: self.metrics,
             run: RunInfo {
                 run_id: uuid::Uuid::new_v4().to_string(),
                 name,

@@ -11,6 +11,7 @@ mod errors;
 mod faults;
 mod kafka;
 mod maintenance;
+mod ops;
 mod quickstart;
 mod s3;
 mod signals;

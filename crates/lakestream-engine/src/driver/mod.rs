@@ -44,6 +44,8 @@ pub(crate) struct Driver {
     pub(crate) stateful: Option<StatefulAggregate>,
     /// What progress and lineage say of this run.
     pub(crate) run: RunInfo,
+    /// Where batches are reported as Prometheus series, if anywhere.
+    pub(crate) metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// What progress and lineage say of a run besides its batches.
@@ -96,6 +98,9 @@ impl Driver {
             summary.output_rows += p.output_rows;
             summary.last_batch_id = Some(p.batch_id);
             summary.table_version = p.table_version.or(summary.table_version);
+            if let Some(m) = &self.metrics {
+                m.observe(&p);
+            }
             // Bounded: a reader that falls behind (or none at all) loses
             // events, never the query's memory.
             if let Err(mpsc::error::TrySendError::Full(_)) = events.try_send(p.clone())
