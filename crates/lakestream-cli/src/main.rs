@@ -18,6 +18,7 @@ macro_rules! outln {
 
 mod audit;
 mod bench;
+mod chaos;
 mod progress_bar;
 mod query;
 mod status;
@@ -78,6 +79,38 @@ enum Command {
         /// at this address while the query runs (e.g. 127.0.0.1:9464).
         #[arg(long)]
         metrics_addr: Option<String>,
+        /// Write the job's output table here instead of at the LOCATION the
+        /// job declares (a scratch copy).
+        #[arg(long)]
+        output_location: Option<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
+    },
+    /// Prove exactly-once for a job: run it as a control, run it again while
+    /// killing it with SIGKILL at random moments, compare the two tables and
+    /// verify the killed run's checkpoint.
+    #[command(
+        after_help = "Example:\n  lakestream chaos examples/quickstart.sql --kills 5\n\n\
+        Both runs write below --scratch (default: a new directory under the system's temp \
+        directory), never to the job's own table. The job must end (--trigger available-now): \
+        files, or Kafka with ending_offsets. Exit codes: 0 pass, 1 fail (the seed to reproduce \
+        is printed), 2 invalid arguments."
+    )]
+    Chaos {
+        /// The job file (.sql).
+        job: PathBuf,
+        /// How many SIGKILLs to aim for.
+        #[arg(long, default_value_t = 5)]
+        kills: usize,
+        /// Seed of the kill moments (default: from the clock; printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Directory the control and the killed run write below.
+        #[arg(long)]
+        scratch: Option<PathBuf>,
+        /// Keep the scratch tables after a pass (they are always kept after a failure).
+        #[arg(long)]
+        keep: bool,
         #[command(flatten)]
         storage: StorageArgs,
     },
@@ -423,6 +456,7 @@ fn main() -> ExitCode {
                 trigger,
                 progress_json,
                 metrics_addr,
+                output_location,
                 storage,
             } => {
                 run(
@@ -431,9 +465,45 @@ fn main() -> ExitCode {
                     trigger,
                     progress_json,
                     metrics_addr,
+                    output_location,
                     storage.options(),
                 )
                 .await
+            }
+            Command::Chaos {
+                job,
+                kills,
+                seed,
+                scratch,
+                keep,
+                storage,
+            } => {
+                let seed = seed.unwrap_or_else(|| {
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos() as u64)
+                        .unwrap_or(1)
+                });
+                let scratch = scratch.unwrap_or_else(|| {
+                    std::env::temp_dir()
+                        .join(format!("lakestream-chaos-{seed}-{}", std::process::id()))
+                });
+                let c = chaos::Chaos {
+                    job,
+                    kills,
+                    seed,
+                    scratch,
+                    keep,
+                    storage: storage.storage_options.clone(),
+                };
+                match c.run().await {
+                    Ok(true) => ExitCode::SUCCESS,
+                    Ok(false) => ExitCode::from(EXIT_FAILED),
+                    Err(e) => {
+                        eprintln!("error: {e:#}");
+                        ExitCode::from(EXIT_FAILED)
+                    }
+                }
             }
             Command::Ui {
                 checkpoint,
@@ -564,6 +634,7 @@ async fn run(
     trigger: Option<Trigger>,
     progress_json: bool,
     metrics_addr: Option<String>,
+    output_location: Option<String>,
     storage_options: HashMap<String, String>,
 ) -> ExitCode {
     let text = match std::fs::read_to_string(&job) {
@@ -584,6 +655,7 @@ async fn run(
         trigger: trigger.unwrap_or_default(),
         storage_options,
         fail_point,
+        output_location,
         ..JobOptions::new(checkpoint)
     };
     let mut builder = match load_job(&job.display().to_string(), &text, &options).await {

@@ -37,6 +37,9 @@ pub struct JobOptions {
     /// The connectors the job's `STORED AS` names are looked up in
     /// (default: the built-in ones).
     pub connectors: Connectors,
+    /// Write the `INSERT` target at this location instead of the one the
+    /// job declares (a scratch copy of a job's output, as `chaos` makes).
+    pub output_location: Option<String>,
 }
 
 impl JobOptions {
@@ -49,6 +52,7 @@ impl JobOptions {
             storage_options: HashMap::new(),
             fail_point: None,
             connectors: Connectors::builtin(),
+            output_location: None,
         }
     }
 }
@@ -64,13 +68,22 @@ impl std::fmt::Debug for JobOptions {
             .field("storage_option_keys", &keys)
             .field("fail_point", &self.fail_point)
             .field("connectors", &self.connectors)
+            .field("output_location", &self.output_location)
             .finish()
     }
 }
 
 /// Parse the job in `text` (named `file` in errors) and build its query.
 pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<QueryBuilder> {
-    let job = parse_job(file, text).await?;
+    let mut job = parse_job(file, text).await?;
+    if let Some(location) = &options.output_location {
+        let target = job.insert.target.clone();
+        for t in job.tables.iter_mut() {
+            if t.name.eq_ignore_ascii_case(&target) {
+                t.location = location.clone();
+            }
+        }
+    }
     // `SET aws.endpoint = '...'` (and google.*, azure.*) are storage options
     // of every location in the job; options given to the run win.
     let (storage, settings) = job_storage_options(&job, &options.storage_options);

@@ -298,3 +298,79 @@ fn the_status_page_plots_a_real_checkpoint_in_a_real_browser() {
     let _ = ui.kill();
     let _ = ui.wait();
 }
+
+/// The quickstart job and its data, copied into `dir`.
+fn quickstart_in(dir: &Path) {
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(root().join("examples"))
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[test]
+fn chaos_passes_the_quickstart_job_under_sigkills() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    quickstart_in(dir);
+    let o = run_in(
+        dir,
+        &[
+            "chaos",
+            "examples/quickstart.sql",
+            "--kills",
+            "4",
+            "--seed",
+            "11",
+            "--scratch",
+            "scratch",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(out.contains("chaos: PASS"), "{out}");
+    assert!(out.contains("kill 1/4"), "at least one kill landed: {out}");
+    assert!(out.contains("clean: 3 batches"), "verify ran: {out}");
+    // The job's own table was never written, and a pass leaves no scratch.
+    assert!(!dir.join("target/quickstart").exists());
+    assert!(!dir.join("scratch/killed").exists());
+}
+
+#[test]
+fn chaos_fails_a_job_whose_two_runs_differ_and_prints_the_seed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    quickstart_in(dir);
+    // random(): no two runs write the same rows, which chaos must notice.
+    let job = std::fs::read_to_string(dir.join("examples/quickstart.sql"))
+        .unwrap()
+        .replace("e.amount, e.ts", "random() AS amount, e.ts");
+    assert!(job.contains("random()"));
+    std::fs::write(dir.join("random.sql"), job).unwrap();
+    let o = run_in(
+        dir,
+        &[
+            "chaos",
+            "random.sql",
+            "--kills",
+            "1",
+            "--seed",
+            "5",
+            "--scratch",
+            "scratch",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(out.contains("chaos: FAIL: the tables differ"), "{out}");
+    assert!(
+        out.contains("reproduce with: lakestream chaos random.sql --kills 1 --seed 5"),
+        "{out}"
+    );
+    assert!(
+        dir.join("scratch/killed/table/_delta_log").exists(),
+        "kept for a look"
+    );
+}
