@@ -74,6 +74,7 @@ pub struct Metrics {
     output_rows: Family<Query, Counter>,
     output_files: Family<Query, Counter>,
     output_bytes: Family<Query, Counter>,
+    commit_retries: Family<Query, Counter>,
     batch_seconds: Family<Query, Histogram, fn() -> Histogram>,
     phase_seconds: Family<Phase, Histogram, fn() -> Histogram>,
     kafka_lag: Family<Partition, Gauge>,
@@ -111,6 +112,7 @@ impl Metrics {
             output_rows: Family::default(),
             output_files: Family::default(),
             output_bytes: Family::default(),
+            commit_retries: Family::default(),
             batch_seconds: Family::new_with_constructor(seconds_histogram),
             phase_seconds: Family::new_with_constructor(seconds_histogram),
             kafka_lag: Family::default(),
@@ -154,6 +156,11 @@ impl Metrics {
             "lakestream_output_bytes",
             "Bytes of data files written to the table",
             m.output_bytes.clone(),
+        );
+        registry.register(
+            "lakestream_commit_retries",
+            "Commits that found their table version taken by another writer and were retried",
+            m.commit_retries.clone(),
         );
         registry.register(
             "lakestream_batch_duration_seconds",
@@ -252,6 +259,9 @@ impl Metrics {
             .get_or_create(&q)
             .inc_by(p.output_files as u64);
         self.output_bytes.get_or_create(&q).inc_by(p.output_bytes);
+        self.commit_retries
+            .get_or_create(&q)
+            .inc_by(p.commit_retries);
         self.batch_seconds
             .get_or_create(&q)
             .observe(p.durations.total_ms / 1000.0);
@@ -363,6 +373,7 @@ mod tests {
             "lakestream_batches_total{query=\"q1\"} 2",
             "lakestream_input_rows_total{query=\"q1\",source=\"orders\"} 20",
             "lakestream_output_rows_total{query=\"q1\"} 14",
+            "lakestream_commit_retries_total{query=\"q1\"} 0",
             "lakestream_kafka_lag_records{query=\"q1\",source=\"orders\",partition=\"tx/0\"} 25",
             "lakestream_last_committed_batch{query=\"q1\"} 5",
             "lakestream_table_version{query=\"q1\"} 5",

@@ -91,6 +91,9 @@ pub struct BatchProgress {
     pub sources: BTreeMap<String, SourceProgress>,
     /// Table version after the batch.
     pub table_version: Option<u64>,
+    /// Times the batch's commit found its version taken by another writer
+    /// and was retried.
+    pub commit_retries: u64,
     /// True when the batch was found already in the table (replay after a
     /// crash) and nothing was written.
     pub skipped: bool,

@@ -286,6 +286,13 @@ pub trait Sink: Send + Sync {
     /// dies instead loses only that work. Failures are the sink's to log.
     async fn flush(&self) {}
 
+    /// Commits since this sink was created that found the version they
+    /// tried taken by another writer and were retried (the default: the
+    /// sink never retries). Reported as `lakestream_commit_retries_total`.
+    fn commit_retries(&self) -> u64 {
+        0
+    }
+
     /// What the sink writes to (a table URL, never credentials), recorded in
     /// the checkpoint when a query first runs: a restart writing elsewhere
     /// is refused, since the new target would not hold the batches the

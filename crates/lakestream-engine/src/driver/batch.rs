@@ -193,6 +193,7 @@ impl Driver {
             meta.insert("watermarkMs".into(), w.into());
         }
         let (rows, files, bytes) = (staged.rows, staged.files, staged.bytes);
+        let retries_before = self.sink.commit_retries();
         let outcome = self
             .sink
             .commit(
@@ -209,6 +210,7 @@ impl Driver {
                 },
             )
             .await?;
+        progress.commit_retries = self.sink.commit_retries().saturating_sub(retries_before);
         self.fail(FailPoint::AfterCommit, batch_id)?;
         let skipped = matches!(outcome, CommitOutcome::AlreadyCommitted { .. });
         self.ckpt

@@ -160,6 +160,9 @@ pub struct DeltaSink {
     head: std::sync::Mutex<Option<u64>>,
     /// The Delta checkpoint being written in the background.
     checkpointing: std::sync::Mutex<Checkpointing>,
+    /// Appends that lost their version to another writer and went through
+    /// delta-rs's conflict-checked commit instead.
+    retries: std::sync::atomic::AtomicU64,
 }
 
 /// The sink's view of its table.
@@ -238,6 +241,7 @@ impl DeltaSink {
             txn: Mutex::new(None),
             head: std::sync::Mutex::new(None),
             checkpointing: std::sync::Mutex::new(Checkpointing::default()),
+            retries: Default::default(),
         })
     }
 
@@ -651,6 +655,8 @@ impl Sink for DeltaSink {
         // delta-rs's commit: for tables with newer writer protocols, and
         // after another writer committed the version we tried.
         if append == Append::Taken {
+            self.retries
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.refresh(loaded).await?;
         }
         if let Some(v) = self.txn_version(loaded, &info.query_id).await?
@@ -766,6 +772,10 @@ impl Sink for DeltaSink {
 
     fn identity(&self) -> String {
         format!("delta {}", self.location.url())
+    }
+
+    fn commit_retries(&self) -> u64 {
+        self.retries.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn flush(&self) {

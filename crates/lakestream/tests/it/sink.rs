@@ -75,6 +75,31 @@ async fn a_batch_id_commits_once_per_query_whoever_writes_it() {
 }
 
 #[tokio::test]
+async fn a_commit_that_loses_its_version_to_another_writer_is_retried_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path()).await;
+    let b = open(dir.path()).await;
+    assert!(matches!(
+        write(&b, "q2", 0).await,
+        CommitOutcome::Committed { version: 1 }
+    ));
+    assert!(matches!(
+        write(&a, "q1", 0).await,
+        CommitOutcome::Committed { version: 2 }
+    ));
+    assert_eq!(a.commit_retries(), 0);
+    // b last saw version 1, its own: its append of version 2 finds it
+    // taken, and the conflict-checked retry commits version 3.
+    assert!(matches!(
+        write(&b, "q2", 1).await,
+        CommitOutcome::Committed { version: 3 }
+    ));
+    assert_eq!(b.commit_retries(), 1);
+    let (n, _) = crate::common::count_distinct(dir.path(), "v").await;
+    assert_eq!(n, 3, "q2 batches 0 and 1, q1 batch 0: each once");
+}
+
+#[tokio::test]
 async fn appends_write_a_delta_checkpoint_every_ten_commits() {
     let dir = tempfile::tempdir().unwrap();
     let a = open(dir.path()).await;
