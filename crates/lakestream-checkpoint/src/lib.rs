@@ -520,9 +520,27 @@ impl Checkpoint {
     }
 
     /// Write `progress/N` (overwriting: a replayed batch reports again).
-    pub async fn write_progress(&self, entry: &ProgressEntry) -> Result<()> {
-        let path = self.location.child(&format!("progress/{}", entry.batch_id));
-        put_json(&self.location, &path, entry, PutMode::Overwrite).await
+    /// Not synced: the history is best effort, and a file torn by a crash
+    /// is passed over by its readers. The returned future owns what it
+    /// needs, so it can run off the batch path.
+    pub fn write_progress(
+        &self,
+        entry: ProgressEntry,
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        let location = self.location.clone();
+        async move {
+            let path = location.child(&format!("progress/{}", entry.batch_id));
+            let bytes = serde_json::to_vec(&entry).expect("checkpoint types serialize");
+            location
+                .store()
+                .put_opts(&path, PutPayload::from(bytes), PutOptions::default())
+                .await
+                .map_err(|e| lakestream_storage::Error::Store {
+                    file: format!("{}{}", location.url(), path_below_root(&location, &path)),
+                    source: e,
+                })?;
+            Ok(())
+        }
     }
 
     /// The highest planned batch, if any.

@@ -568,6 +568,16 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         .collect();
     totals.sort_by(f64::total_cmp);
     figure("overhead.batches", totals.len(), "batches");
+    // Everything between batches too (progress kept in the checkpoint,
+    // snapshots, reporting), and the process's start spread over them.
+    figure(
+        "overhead.wall_per_batch",
+        format!(
+            "{:.2}",
+            r.wall.as_secs_f64() * 1000.0 / totals.len().max(1) as f64
+        ),
+        "ms",
+    );
     figure(
         "overhead.median",
         format!("{:.2}", percentile(&totals, 0.5)),

@@ -45,12 +45,16 @@
 //!   check, loading and running a job.
 //! - [`connectors`]: the registry of `STORED AS` names a job file can use;
 //!   register your own sources and sinks there.
+//! - [`metrics`]: Prometheus metrics of running queries
+//!   (`QueryBuilder::metrics`), to serve from your own HTTP server.
+//! - [`lineage`]: what each commit records of the input it came from.
 
 pub use lakestream_engine::{
     BatchProgress, DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error,
     ErrorKind, EventTime, FailPoint, MAX_DURATION, OutputMode, PROGRESS_EVENTS_BUFFER,
     QueryBuilder, QueryHandle, QuerySummary, Result, SourceProgress, StateProgress, StopHandle,
-    Trigger, checkpoint, connectors, job, parse_duration, parse_size, sink, source, state, storage,
+    Trigger, checkpoint, connectors, job, lineage, metrics, parse_duration, parse_size, sink,
+    source, state, storage,
 };
 
 /// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own

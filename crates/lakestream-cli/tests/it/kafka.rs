@@ -240,6 +240,33 @@ fn kafka_starting_and_ending_offsets() {
         .collect();
     got.sort();
     assert_eq!(got, vec![(0, 5), (0, 6), (0, 7), (1, 0), (1, 1), (1, 2)]);
+    // Progress names what the partitions hold past the bound: the high
+    // watermarks (15 each) and the lag behind them.
+    let last: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
+    let src = &last["sources"][0];
+    assert_eq!(
+        src["latestOffset"],
+        serde_json::json!({"t": {"0": 15, "1": 15}}),
+        "{last}"
+    );
+    assert_eq!(
+        src["lag"],
+        serde_json::json!({"t/0": 7, "t/1": 12}),
+        "{last}"
+    );
+    // The commit's lineage names the exact offsets read.
+    let o = run_in(dir, &["table", "lineage", "ranged"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let lineage = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        lineage.contains("t/0: offsets [5, 8) (3 records)"),
+        "{lineage}"
+    );
+    assert!(
+        lineage.contains("t/1: offsets [0, 3) (3 records)"),
+        "{lineage}"
+    );
     // Bounded: later records are never read by this job.
     broker.produce("t", 2, &orders(200, 10));
     let o = run_job(dir, "ck_ranged");

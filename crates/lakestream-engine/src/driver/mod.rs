@@ -19,6 +19,7 @@ use datafusion::prelude::SessionContext;
 use lakestream_checkpoint::{Checkpoint, OffsetsEntry, SourceRange, now_ms};
 use lakestream_sink::Sink;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
 use crate::progress::BatchProgress;
 use crate::provider::MicroBatchTable;
@@ -69,16 +70,25 @@ impl Driver {
     }
 
     /// Keep batch `p`'s progress with the checkpoint (`progress/N`), for
-    /// `status` and the status page. Best effort: the batch is committed
-    /// already, and a lost report loses nothing but a point of history.
-    async fn keep_progress(&self, p: &BatchProgress) {
+    /// `status` and the status page, written while the next batch runs
+    /// (the previous write is awaited first, so at most one is in flight).
+    /// Best effort: the batch is committed already, and a lost report loses
+    /// nothing but a point of history.
+    async fn keep_progress(&self, p: &BatchProgress, pending: &mut Option<JoinHandle<()>>) {
+        if let Some(previous) = pending.take() {
+            let _ = previous.await;
+        }
+        let batch_id = p.batch_id;
         let entry = lakestream_checkpoint::ProgressEntry::new(
-            p.batch_id,
+            batch_id,
             serde_json::to_value(p).expect("progress serializes"),
         );
-        if let Err(e) = self.ckpt.write_progress(&entry).await {
-            tracing::warn!(batch_id = p.batch_id, error = %e, "cannot keep the batch's progress in the checkpoint");
-        }
+        let write = self.ckpt.write_progress(entry);
+        *pending = Some(tokio::spawn(async move {
+            if let Err(e) = write.await {
+                tracing::warn!(batch_id, error = %e, "cannot keep the batch's progress in the checkpoint");
+            }
+        }));
     }
 
     pub(crate) async fn run(
@@ -123,12 +133,14 @@ impl Driver {
         } = self.recover().await?;
         // When the previous batch of this run started (for the input rate).
         let mut last_start: Option<Instant> = None;
+        // The progress write in flight.
+        let mut progress_write: Option<JoinHandle<()>> = None;
         if let Some(entry) = pending {
             last_start = Some(Instant::now());
             let p = self
                 .run_batch(&entry, Duration::ZERO, Duration::ZERO, true, None)
                 .await?;
-            self.keep_progress(&p).await;
+            self.keep_progress(&p, &mut progress_write).await;
             report(p, &mut summary);
         }
         self.resolve_starts(&mut prev, &mut stop).await?;
@@ -207,7 +219,7 @@ impl Driver {
             let p = self
                 .run_batch(&entry, plan_time, wa_time, false, since_last)
                 .await?;
-            self.keep_progress(&p).await;
+            self.keep_progress(&p, &mut progress_write).await;
             report(p, &mut summary);
             if (next_id + 1).is_multiple_of(self.snapshot_interval) {
                 self.write_snapshots(next_id).await;
@@ -232,6 +244,9 @@ impl Driver {
                 }
                 _ => {}
             }
+        }
+        if let Some(w) = progress_write {
+            let _ = w.await;
         }
         self.sink.flush().await;
         if summary.table_version.is_none() {
