@@ -15,9 +15,12 @@
 //!   (modification time, path) order.
 //! - [`generator::GeneratorSource`]: deterministic rows from a seed, for
 //!   demos, tests and benchmarks.
+//! - [`delta::DeltaSource`]: a Delta table's snapshot, then its new
+//!   commits (tables chained into pipelines).
 //!
 //! This crate knows nothing of SQL, DataFusion or the table being written.
 
+pub mod delta;
 pub mod files;
 pub mod generator;
 pub mod kafka;
@@ -145,6 +148,17 @@ pub enum Error {
         source_name: String,
         /// The file (URL or path).
         file: String,
+    },
+    /// A Delta table source could not read its table's log, or found a
+    /// commit it cannot follow.
+    #[error("source {source_name}: Delta table {table}: {reason}")]
+    Delta {
+        /// The source's table name.
+        source_name: String,
+        /// The table's URL.
+        table: String,
+        /// What went wrong and what to do.
+        reason: String,
     },
     /// A location could not be resolved.
     #[error("source {source_name}: {source}")]

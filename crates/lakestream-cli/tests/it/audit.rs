@@ -230,3 +230,46 @@ fn verify_passes_a_clean_table_and_names_each_kind_of_damage() {
         "{report}"
     );
 }
+
+#[test]
+fn long_file_lists_are_recorded_as_digests_that_verify_still_checks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // 2 batches of 120 files: each batch's file list is far over 8 KiB.
+    write_events(&dir.join("in"), 0, 240, 1);
+    std::fs::write(
+        dir.join("job.sql"),
+        events_job(&dir.join("in"), &dir.join("out"), 120),
+    )
+    .unwrap();
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run_in(dir, &["table", "lineage", "out", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let l: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let end = &l["ranges"]["events"]["end"];
+    assert_eq!(end["checkpoint"], "offsets/1", "{l}");
+    assert_eq!(end["sha256"].as_str().unwrap().len(), 64, "{l}");
+    assert!(end["bytes"].as_u64().unwrap() > 8 * 1024, "{l}");
+    let o = run_in(dir, &["table", "lineage", "out"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("holds it in full"),
+        "{}",
+        text(&o)
+    );
+    let (code, report) = verify(dir, &[]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["batches_in_table"], 2, "{report}");
+
+    // A changed offsets/1 no longer matches the digest its commit records.
+    let path = dir.join("ckpt/offsets/1");
+    let mut o: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    o["sources"]["events"]["end"]["files"][7]["size"] = 1.into();
+    std::fs::write(&path, o.to_string()).unwrap();
+    let (code, report) = verify(dir, &[]);
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        errors(&report).contains("is not the one in offsets/1"),
+        "{report}"
+    );
+}

@@ -30,6 +30,11 @@ pub(crate) fn text(o: &Output) -> String {
     )
 }
 
+/// The stderr of `o`, as text.
+pub(crate) fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 /// The workspace root.
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -7,10 +7,6 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-fn stderr(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
-
 fn run_once(dir: &Path, job: &str) -> std::process::Output {
     run_in(
         dir,

@@ -12,6 +12,7 @@ mod faults;
 mod kafka;
 mod maintenance;
 mod ops;
+mod pipeline;
 mod quickstart;
 mod s3;
 mod signals;

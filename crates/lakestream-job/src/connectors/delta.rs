@@ -1,4 +1,5 @@
-//! `STORED AS DELTA` as the `INSERT` target: the Delta sink.
+//! `STORED AS DELTA`: the Delta sink as the `INSERT` target, and the
+//! Delta source for an `UNBOUNDED` table.
 
 use std::sync::Arc;
 
@@ -50,5 +51,67 @@ impl SinkConnector for DeltaConnector {
             })?;
         }
         Ok(Arc::new(DeltaSink::try_new(&t.location, o)?))
+    }
+}
+
+/// Builds [`DeltaSource`](lakestream_source::delta::DeltaSource)s for
+/// `UNBOUNDED` tables `STORED AS DELTA`: `starting_version`,
+/// `max_files_per_trigger`, `max_bytes_per_trigger`,
+/// `skip_change_commits`, `batch_size`. The schema is the table's: a
+/// declared column list must name the table's columns.
+#[derive(Debug, Default)]
+pub struct DeltaSourceConnector;
+
+#[async_trait]
+impl super::SourceConnector for DeltaSourceConnector {
+    fn options(&self) -> &'static [&'static str] {
+        &[
+            "starting_version",
+            "max_files_per_trigger",
+            "max_bytes_per_trigger",
+            "skip_change_commits",
+            "batch_size",
+        ]
+    }
+
+    async fn create(&self, ctx: &TableContext<'_>) -> Result<Arc<dyn lakestream_source::Source>> {
+        use lakestream_source::delta::{DeltaSource, DeltaSourceOptions};
+        let t = ctx.table();
+        let mut o = DeltaSourceOptions {
+            storage_options: ctx.store_options(),
+            ..Default::default()
+        };
+        o.starting_version = ctx.number("starting_version")?;
+        if let Some(n) = ctx.number("max_files_per_trigger")? {
+            o.max_files_per_trigger = n;
+        }
+        o.max_bytes_per_trigger = ctx.number("max_bytes_per_trigger")?;
+        if let Some(b) = ctx.boolean("skip_change_commits")? {
+            o.skip_change_commits = b;
+        }
+        if let Some(n) = ctx.count("batch_size")? {
+            o.batch_size = n.max(1);
+        }
+        let source = DeltaSource::try_new(&t.name, &t.location, o).await?;
+        if let Some(declared) = &t.schema {
+            use lakestream_source::Source;
+            let actual = source.schema();
+            let names = |s: &arrow::datatypes::Schema| {
+                s.fields()
+                    .iter()
+                    .map(|f| f.name().to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+            };
+            if names(declared) != names(&actual) {
+                return Err(ctx.error(format!(
+                    "the Delta table {} has the columns {}, not {}: leave the column list out \
+                     (a Delta source reads the table's own schema)",
+                    t.location,
+                    names(&actual).join(", "),
+                    names(declared).join(", ")
+                )));
+            }
+        }
+        Ok(Arc::new(source))
     }
 }

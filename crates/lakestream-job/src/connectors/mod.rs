@@ -14,7 +14,7 @@
 //!
 //! The built-in connectors ([`Connectors::builtin`]): `JSON`, `CSV`,
 //! `PARQUET` (files, [`files`]), `KAFKA` ([`kafka`]), `GENERATOR`
-//! ([`generator`]) as sources; `DELTA` ([`delta`]) as the sink. An
+//! ([`generator`]) and `DELTA` ([`delta`]) as sources; `DELTA` as the sink. An
 //! embedding program adds its own with [`Connectors::register_source`] /
 //! [`Connectors::register_sink`] and runs jobs with them through the
 //! engine's `JobOptions::connectors`.
@@ -102,7 +102,7 @@ impl Connectors {
     }
 
     /// The connectors lakestream ships: files (`JSON`, `CSV`, `PARQUET`),
-    /// `KAFKA` and `GENERATOR` sources, the `DELTA` sink.
+    /// `KAFKA`, `GENERATOR` and `DELTA` sources, the `DELTA` sink.
     pub fn builtin() -> Self {
         let mut c = Self::empty();
         for format in ["JSON", "CSV", "PARQUET"] {
@@ -110,6 +110,7 @@ impl Connectors {
         }
         c.register_source("KAFKA", Arc::new(kafka::KafkaConnector));
         c.register_source("GENERATOR", Arc::new(generator::GeneratorConnector));
+        c.register_source("DELTA", Arc::new(delta::DeltaSourceConnector));
         c.register_sink("DELTA", Arc::new(delta::DeltaConnector));
         c
     }

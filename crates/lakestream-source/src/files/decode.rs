@@ -364,7 +364,34 @@ pub(super) fn csv_line_of(reason: &str) -> Option<u64> {
         .ok()
 }
 
+/// Open the Parquet file at `path` (of `size` bytes) in `store` as a
+/// stream of record batches of `batch_size` rows, with the file's schema;
+/// the error is the reader's message.
 #[allow(deprecated)]
+pub(crate) async fn open_parquet(
+    store: Arc<dyn ObjectStore>,
+    path: object_store::path::Path,
+    size: u64,
+    batch_size: usize,
+) -> Result<
+    (
+        SchemaRef,
+        parquet::arrow::async_reader::ParquetRecordBatchStream<ParquetObjectReader>,
+    ),
+    String,
+> {
+    let reader = ParquetObjectReader::new(store, path).with_file_size(size);
+    let builder = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(|e| e.to_string())?;
+    let file_schema = builder.schema().clone();
+    let stream = builder
+        .with_batch_size(batch_size)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok((file_schema, stream))
+}
+
 pub(super) async fn parquet_stream(
     name: String,
     store: Arc<dyn ObjectStore>,
@@ -379,15 +406,9 @@ pub(super) async fn parquet_stream(
         line: None,
         reason,
     };
-    let reader = ParquetObjectReader::new(store, path).with_file_size(entry.size);
-    let builder = ParquetRecordBatchStreamBuilder::new(reader)
+    let (file_schema, stream) = open_parquet(store, path, entry.size, batch_size)
         .await
-        .map_err(|e| malformed(e.to_string()))?;
-    let file_schema = builder.schema().clone();
-    let stream = builder
-        .with_batch_size(batch_size)
-        .build()
-        .map_err(|e| malformed(e.to_string()))?;
+        .map_err(malformed)?;
     let file = entry.path.clone();
     Ok(stream
         .map(move |b| {

@@ -55,7 +55,7 @@ use crate::{
 };
 use lakestream_storage::Location;
 
-mod decode;
+pub(crate) mod decode;
 mod list;
 mod seen;
 

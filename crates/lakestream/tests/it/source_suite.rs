@@ -99,3 +99,62 @@ async fn files_on_s3_pass_the_source_suite() {
     };
     conformance(|| source(&input), source(&format!("{prefix}empty/")), 70, 4).await;
 }
+
+/// A Delta table at `path` with `commits` appends of ten ids each.
+async fn delta_table(path: &std::path::Path, commits: i64) {
+    use arrow::array::Int64Array;
+    use arrow::record_batch::RecordBatch;
+    use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+    use lakestream::sink::{CommitInfo, Sink};
+    let sink = DeltaSink::try_new(path.to_str().unwrap(), DeltaSinkOptions::default()).unwrap();
+    sink.open(id_schema()).await.unwrap();
+    for c in 0..commits {
+        let ids: Vec<i64> = (0..10).map(|r| c * 10 + r).collect();
+        let batch =
+            RecordBatch::try_new(id_schema(), vec![Arc::new(Int64Array::from(ids))]).unwrap();
+        let mut w = sink.begin(c as u64).await.unwrap();
+        w.write(batch).await.unwrap();
+        let staged = w.finish().await.unwrap();
+        let info = CommitInfo {
+            query_id: "writer".into(),
+            batch_id: c as u64,
+            metadata: Default::default(),
+            write: Default::default(),
+        };
+        sink.commit(staged, &info).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_delta_table_passes_the_source_suite() {
+    use lakestream::source::delta::{DeltaSource, DeltaSourceOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let (input, empty) = (dir.path().join("in"), dir.path().join("empty"));
+    delta_table(&input, 7).await;
+    delta_table(&empty, 0).await;
+    let open = |path: &std::path::Path| {
+        let path = path.to_str().unwrap().to_string();
+        async move {
+            let o = DeltaSourceOptions {
+                max_files_per_trigger: 2,
+                batch_size: 4,
+                ..Default::default()
+            };
+            Arc::new(DeltaSource::try_new("events", &path, o).await.unwrap()) as Arc<dyn Source>
+        }
+    };
+    // The suite builds its sources synchronously: open them first (a
+    // restarted process opens the table the same way).
+    let made = std::sync::Mutex::new(vec![
+        open(&input).await,
+        open(&input).await,
+        open(&input).await,
+    ]);
+    let make = || {
+        made.lock()
+            .unwrap()
+            .pop()
+            .expect("the suite opens at most three sources")
+    };
+    conformance(make, open(&empty).await, 70, 4).await;
+}
