@@ -3,7 +3,8 @@
 //! The source reads what is in the table when the query first starts (the
 //! snapshot of that version, loaded from the log's checkpoint, never by
 //! replaying the log from version 0), then each later commit's new files,
-//! in commit order. An offset is a position in that sequence: `{version,
+//! in commit order; or, with `starting_version` or `starting_timestamp`,
+//! only the commits from that version or time on. An offset is a position in that sequence: `{version,
 //! index, snapshot}` = "the first `index` files of the snapshot at
 //! `version` (or of commit `version`) are taken". A snapshot's files are
 //! ordered by path; a commit's in the order its log lists them; so a
@@ -39,6 +40,9 @@ pub struct DeltaSourceOptions {
     /// Read the commits from this version on, instead of the table as it
     /// is when the query first starts and the commits after it.
     pub starting_version: Option<u64>,
+    /// Read the commits made at or after this time (ms since the epoch),
+    /// from the first such commit on (when `starting_version` is unset).
+    pub starting_timestamp_ms: Option<i64>,
     /// At most this many data files per batch (default 1000, as Spark).
     pub max_files_per_trigger: u64,
     /// At most about this many bytes of data files per batch (at least one
@@ -56,6 +60,7 @@ impl Default for DeltaSourceOptions {
     fn default() -> Self {
         Self {
             starting_version: None,
+            starting_timestamp_ms: None,
             max_files_per_trigger: 1000,
             max_bytes_per_trigger: None,
             skip_change_commits: false,
@@ -189,6 +194,38 @@ impl Inner {
             .get_latest_version()
             .await
             .map_err(|e| self.err("cannot find the table's latest version", e))
+    }
+
+    /// The first version committed at or after `ts_ms` (one past the
+    /// latest when there is none yet: the query then reads the commits
+    /// still to come). Commits are in time order; a binary search reads
+    /// about log2(versions) of them.
+    async fn first_version_at(&self, ts_ms: i64) -> Result<u64> {
+        let latest = self.latest_version().await?;
+        let store = self.table.lock().await.log_store();
+        let (mut lo, mut hi) = (0u64, latest + 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let at = match store
+                .read_commit_entry(mid)
+                .await
+                .map_err(|e| self.err(&format!("cannot read commit {mid}"), e))?
+            {
+                // Removed by log retention: older than anything kept.
+                None => i64::MIN,
+                Some(bytes) => bytes
+                    .split(|b| *b == b'\n')
+                    .filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
+                    .find_map(|a| a["commitInfo"]["timestamp"].as_i64())
+                    .unwrap_or(i64::MIN),
+            };
+            if at >= ts_ms {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Ok(lo)
     }
 
     /// The files of the snapshot at `version` (ordered by path) or of
@@ -543,11 +580,19 @@ impl Source for DeltaSource {
 
     async fn initial_offset(&self) -> Result<Option<Offset>> {
         // Fixed when the query first runs: the snapshot of the table as it
-        // is now (or the starting version's commit), so a restart before
-        // the first batch does not move it.
-        let first = match self.0.options.starting_version {
-            Some(_) => self.0.first_position(),
-            None => DeltaOffset {
+        // is now (or the starting version's or time's commit), so a restart
+        // before the first batch does not move it.
+        let first = match (
+            self.0.options.starting_version,
+            self.0.options.starting_timestamp_ms,
+        ) {
+            (Some(_), _) => self.0.first_position(),
+            (None, Some(ts)) => DeltaOffset {
+                version: self.0.first_version_at(ts).await?,
+                index: 0,
+                snapshot: false,
+            },
+            (None, None) => DeltaOffset {
                 version: self.0.latest_version().await?,
                 index: 0,
                 snapshot: true,

@@ -50,6 +50,30 @@ fn a_delta_table_streams_its_snapshot_then_its_new_commits() {
     assert!(o.status.success(), "{}", text(&o));
     assert_exactly_once(&read_py(&dir.join("clean")), &expected);
 
+    // Other starting points: from a version (commits 6 and 7: files 5 and
+    // 6), and from a time before every commit (the whole history, commit
+    // by commit instead of as a snapshot).
+    let from = |name: &str, option: &str| {
+        std::fs::write(
+            dir.join(format!("{name}.sql")),
+            clean_job(option).replace("LOCATION 'clean'", &format!("LOCATION '{name}'")),
+        )
+        .unwrap();
+        let o = run(dir, &format!("{name}.sql"), &format!("ck_{name}"));
+        assert!(o.status.success(), "{}", text(&o));
+        ids(&read_py(&dir.join(name)))
+    };
+    let late: Vec<String> = expected
+        .iter()
+        .filter(|id| id.starts_with("ev-0005-") || id.starts_with("ev-0006-"))
+        .cloned()
+        .collect();
+    assert_eq!(from("from_v6", ", 'starting_version' '6'"), late);
+    assert_eq!(
+        from("from_2000", ", 'starting_timestamp' '2000-01-01'"),
+        expected
+    );
+
     // A compaction of raw rearranges data without changing it: nothing to read.
     let o = run_in(dir, &["table", "optimize", "raw", "--json"]);
     assert!(o.status.success(), "{}", text(&o));

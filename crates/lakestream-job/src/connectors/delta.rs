@@ -56,6 +56,7 @@ impl SinkConnector for DeltaConnector {
 
 /// Builds [`DeltaSource`](lakestream_source::delta::DeltaSource)s for
 /// `UNBOUNDED` tables `STORED AS DELTA`: `starting_version`,
+/// `starting_timestamp`,
 /// `max_files_per_trigger`, `max_bytes_per_trigger`,
 /// `skip_change_commits`, `batch_size`. The schema is the table's: a
 /// declared column list must name the table's columns.
@@ -67,6 +68,7 @@ impl super::SourceConnector for DeltaSourceConnector {
     fn options(&self) -> &'static [&'static str] {
         &[
             "starting_version",
+            "starting_timestamp",
             "max_files_per_trigger",
             "max_bytes_per_trigger",
             "skip_change_commits",
@@ -82,6 +84,13 @@ impl super::SourceConnector for DeltaSourceConnector {
             ..Default::default()
         };
         o.starting_version = ctx.number("starting_version")?;
+        o.starting_timestamp_ms = ctx.time_ms("starting_timestamp")?;
+        if o.starting_version.is_some() && o.starting_timestamp_ms.is_some() {
+            return Err(ctx.error(format!(
+                "table {}: give starting_version or starting_timestamp, not both",
+                t.name
+            )));
+        }
         if let Some(n) = ctx.number("max_files_per_trigger")? {
             o.max_files_per_trigger = n;
         }
