@@ -129,7 +129,7 @@ async fn without_the_registration_the_name_is_refused_with_the_known_ones() {
                   INSERT INTO out SELECT * FROM events;\n";
     let err = load_err(stream, &options).await;
     assert!(
-        err.contains("use CSV, GENERATOR, JSON, KAFKA or PARQUET"),
+        err.contains("use CSV, DELTA, GENERATOR, JSON, KAFKA or PARQUET"),
         "{err}"
     );
 }
