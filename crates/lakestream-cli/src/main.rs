@@ -673,11 +673,11 @@ async fn run(
         Err(e) => return engine_exit(&e),
     };
     if let Some(addr) = &metrics_addr {
-        let site = web::Site {
-            checkpoint: options.checkpoint.clone(),
-            options: options.storage_options.clone(),
+        let site = web::Site::new(
+            options.checkpoint.clone(),
+            options.storage_options.clone(),
             metrics,
-        };
+        );
         match web::start(addr, site).await {
             Ok(a) => {
                 eprintln!("lakestream: metrics on http://{a}/metrics, status page on http://{a}/")
@@ -762,11 +762,7 @@ async fn ui(
     lakestream_engine::checkpoint::Checkpoint::inspect(&checkpoint, &options)
         .await?
         .with_context(|| format!("no checkpoint at {checkpoint}"))?;
-    let site = web::Site {
-        checkpoint,
-        options,
-        metrics: None,
-    };
+    let site = web::Site::new(checkpoint, options, None);
     let a = web::start(&addr, site).await?;
     eprintln!("lakestream: status page on http://{a}/ (Ctrl-C stops)");
     signal().await;

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lakestream_engine::BatchProgress;
 use lakestream_engine::metrics::Metrics;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,6 +38,26 @@ pub(crate) struct Site {
     pub(crate) options: HashMap<String, String>,
     /// The running query's metrics (none for `lakestream ui`).
     pub(crate) metrics: Option<Arc<Metrics>>,
+    /// Progress entries read so far, by batch id: they do not change once
+    /// written (but for a replayed batch, re-read when its file is newer),
+    /// so each page load reads only the new ones.
+    pub(crate) history: tokio::sync::Mutex<std::collections::BTreeMap<u64, BatchProgress>>,
+}
+
+impl Site {
+    /// A site for `checkpoint`, with `metrics` when a query runs.
+    pub(crate) fn new(
+        checkpoint: String,
+        options: HashMap<String, String>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Self {
+        Self {
+            checkpoint,
+            options,
+            metrics,
+            history: Default::default(),
+        }
+    }
 }
 
 /// Bind `addr` and serve `site` on it in the background; returns the
@@ -110,14 +131,44 @@ async fn handle(mut conn: TcpStream, site: &Site) -> std::io::Result<()> {
 
 /// The checkpoint's status with its batch history, or `{"error": ..}`.
 async fn status_json(site: &Site) -> Value {
-    match crate::status::collect(&site.checkpoint, HISTORY, &site.options).await {
-        Ok((mut status, history)) => {
+    let status = crate::status::collect(&site.checkpoint, 0, &site.options).await;
+    let history = history(site).await;
+    match (status, history) {
+        (Ok((mut status, _)), Ok(history)) => {
             status["checkpoint"] = json!(site.checkpoint);
             status["history"] = json!(history);
             status
         }
-        Err(e) => json!({ "checkpoint": site.checkpoint, "error": format!("{e:#}") }),
+        (Err(e), _) | (_, Err(e)) => {
+            json!({ "checkpoint": site.checkpoint, "error": format!("{e:#}") })
+        }
     }
+}
+
+/// The last [`HISTORY`] batches' progress, oldest first: one listing of
+/// `progress/`, and reads of the entries not read before (and of the
+/// newest, which a replay may have rewritten).
+async fn history(site: &Site) -> anyhow::Result<Vec<BatchProgress>> {
+    let view = lakestream_engine::checkpoint::Checkpoint::inspect(&site.checkpoint, &site.options)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint at {}", site.checkpoint))?;
+    let ids = view.progress_ids().await?;
+    let keep: Vec<u64> = ids.iter().rev().take(HISTORY).rev().copied().collect();
+    let mut cache = site.history.lock().await;
+    cache.retain(|id, _| keep.binary_search(id).is_ok());
+    let newest = keep.last().copied();
+    for id in &keep {
+        if cache.contains_key(id) && Some(*id) != newest {
+            continue;
+        }
+        // An unreadable entry (torn by a crash) is passed over.
+        if let Ok(Some(e)) = view.progress(*id).await
+            && let Ok(p) = serde_json::from_value::<BatchProgress>(e.progress)
+        {
+            cache.insert(*id, p);
+        }
+    }
+    Ok(cache.values().cloned().collect())
 }
 
 async fn respond(

@@ -158,7 +158,28 @@ fn metrics_are_served_during_a_run_in_valid_openmetrics() {
         .find(|s| s["name"] == "lakestream_batch_duration_seconds_count")
         .unwrap();
     assert_eq!(family["type"], "histogram");
-    // The status page is served on the same address.
+    // The status page and its data are served on the same address; the
+    // history grows as batches are kept (read once each, then cached).
+    let history = loop {
+        let (code, body) = get(&addr, "/api/status");
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let ids: Vec<u64> = v["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["batch_id"].as_u64().unwrap())
+            .collect();
+        if ids.len() == 4 {
+            break ids;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "history never had 4 batches: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(history, [0, 1, 2, 3]);
     let (code, page) = get(&addr, "/");
     assert_eq!(code, 200);
     assert!(page.contains(&query), "the page names the query");
