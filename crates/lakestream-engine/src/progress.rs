@@ -103,6 +103,10 @@ pub struct BatchProgress {
     /// when the query has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub watermark_ms: Option<i64>,
+    /// The largest event time the batch read (ms since the epoch), over
+    /// the sources with an event time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_time_max_ms: Option<i64>,
     /// The aggregation's state after the batch, when the query has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<crate::stateful::StateProgress>,
@@ -218,6 +222,9 @@ impl BatchProgress {
         let mut event_time = serde_json::Map::new();
         if let Some(w) = self.watermark_ms.and_then(iso) {
             event_time.insert("watermark".into(), json!(w));
+        }
+        if let Some(m) = self.event_time_max_ms.and_then(iso) {
+            event_time.insert("max".into(), json!(m));
         }
         let state_operators: Vec<Value> = self
             .state

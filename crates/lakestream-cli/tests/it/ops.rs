@@ -260,8 +260,30 @@ fn the_status_page_plots_a_real_checkpoint_in_a_real_browser() {
         ),
     )
     .unwrap();
-    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &["--progress-json"]);
     assert!(o.status.success(), "{}", text(&o));
+    // A stateful batch's progress in Spark's shape: its state operator and
+    // event times.
+    let last: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
+    let op = &last["stateOperators"][0];
+    assert_eq!(op["operatorName"], "aggregate", "{last}");
+    assert!(op["numRowsTotal"].as_u64().unwrap() > 0, "{last}");
+    assert!(op["memoryUsedBytes"].as_u64().unwrap() > 0, "{last}");
+    assert!(
+        last["eventTime"]["watermark"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-01-01T"),
+        "{last}"
+    );
+    assert!(
+        last["eventTime"]["max"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-01-01T"),
+        "{last}"
+    );
     let batches = std::fs::read_dir(dir.join("ckpt/progress"))
         .unwrap()
         .count();

@@ -133,6 +133,11 @@ impl Driver {
                 skipped_input.insert(t.source().name().to_string(), skipped);
             }
         }
+        progress.event_time_max_ms = self
+            .tables
+            .iter()
+            .filter_map(|t| scans.event_time_max_ms(t.source().name()))
+            .max();
         let exec_time = t_exec.elapsed();
         self.fail(FailPoint::AfterFiles, batch_id)?;
 
