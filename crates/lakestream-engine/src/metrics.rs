@@ -232,6 +232,12 @@ impl Metrics {
         &self.registry
     }
 
+    /// The registry, to register a program's own series next to
+    /// lakestream's before the metrics are shared with queries.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// The registry in the OpenMetrics text format (what `/metrics` serves,
     /// content type [`Metrics::CONTENT_TYPE`]).
     pub fn encode(&self) -> String {

@@ -307,3 +307,42 @@ async fn a_windowed_count_writes_each_window_once_when_the_watermark_passes_it()
         .count();
     assert!(state_files >= 10, "{state_files} state files");
 }
+
+#[tokio::test]
+async fn an_embedding_program_reads_the_queries_metrics_from_its_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    // The program's own series live in the same registry.
+    let mut metrics = lakestream::metrics::Metrics::new();
+    let requests = prometheus_client::metrics::counter::Counter::<u64>::default();
+    metrics.registry_mut().register(
+        "app_requests",
+        "The program's own counter",
+        requests.clone(),
+    );
+    requests.inc_by(7);
+    let metrics = Arc::new(metrics);
+    let summary = builder(dir.path(), 1000, 250, SQL)
+        .metrics(metrics.clone())
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(summary.batches, 4);
+    let q = summary.query_id.clone();
+    let text = metrics.encode();
+    for line in [
+        format!("lakestream_batches_total{{query=\"{q}\"}} 4"),
+        format!("lakestream_input_rows_total{{query=\"{q}\",source=\"events\"}} 1000"),
+        format!(
+            "lakestream_output_rows_total{{query=\"{q}\"}} {}",
+            summary.output_rows
+        ),
+        format!("lakestream_last_committed_batch{{query=\"{q}\"}} 3"),
+    ] {
+        assert!(text.contains(&line), "{line} not in:\n{text}");
+    }
+    assert!(text.contains("app_requests_total 7"), "{text}");
+    // The registry is prometheus-client's: a program's own server encodes it.
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, metrics.registry()).unwrap();
+    assert_eq!(out, text);
+}
