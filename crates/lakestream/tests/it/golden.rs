@@ -1,4 +1,5 @@
-//! Checkpoints written by earlier builds (`testdata/checkpoints/`) must stay
+//! Checkpoints written by earlier builds (`testdata/checkpoints/`: files,
+//! windowed, Kafka with per-batch progress) must stay
 //! readable: every file parses through the checkpoint API and the sources'
 //! offset types, and a run on a copy is accepted as the same query.
 
@@ -95,6 +96,82 @@ async fn a_version_1_file_stream_checkpoint_is_still_read() {
     let other = QueryRecord::new(sources, "delta file:///tmp/elsewhere/".into());
     let err = ckpt.check_query(&other).await.unwrap_err();
     assert!(matches!(err, Error::QueryChanged { .. }), "{err}");
+}
+
+/// A Kafka query's checkpoint (3 batches over a 2-partition topic of 40
+/// records, 15 offsets per trigger), written on 2026-12-01 by `lakestream
+/// run` against the suite's broker: its offsets, starting point and the
+/// progress kept per batch must stay readable.
+#[tokio::test]
+async fn a_version_1_kafka_checkpoint_and_its_progress_are_still_read() {
+    use lakestream::source::kafka::KafkaOffset;
+    let path = golden("v1-kafka");
+    let none = HashMap::new();
+    let view = Checkpoint::inspect(path.to_str().unwrap(), &none)
+        .await
+        .unwrap()
+        .expect("a checkpoint");
+    assert_eq!(
+        view.metadata().query_id.to_string(),
+        "f82f8841-0000-478f-bcef-052262619d3b"
+    );
+    let record = view.query_record().await.unwrap().unwrap();
+    assert_eq!(record.sources["orders"].kind, "kafka");
+    assert_eq!(
+        record.sources["orders"].location,
+        "topics orders (read_committed)"
+    );
+
+    // Each batch starts where the one before ended, per partition.
+    let mut ends = Vec::new();
+    for id in view.offset_ids().await.unwrap() {
+        let entry = view.offsets(id).await.unwrap().unwrap();
+        let range = &entry.sources["orders"];
+        let start: KafkaOffset = serde_json::from_value(range.start.clone().unwrap()).unwrap();
+        let end: KafkaOffset = serde_json::from_value(range.end.clone()).unwrap();
+        if let Some(prev) = ends.last() {
+            assert_eq!(&start.partitions, prev);
+        }
+        assert_eq!(end.topic_ids["orders"], "01a2340667e17e62896c965782d83635");
+        ends.push(end.partitions);
+    }
+    assert_eq!(ends.len(), 3);
+    assert_eq!(
+        ends.last().unwrap()["orders"],
+        BTreeMap::from([(0, 20), (1, 20)])
+    );
+    // The starting point resolved at the first run.
+    let initial = lakestream::checkpoint::read_source_state(
+        path.to_str().unwrap(),
+        &none,
+        "orders",
+        "initial",
+    )
+    .await
+    .unwrap()
+    .expect("a starting point");
+    let initial: KafkaOffset = serde_json::from_value(initial).unwrap();
+    assert_eq!(
+        initial.partitions["orders"],
+        BTreeMap::from([(0, 0), (1, 0)])
+    );
+    let done = view.latest_commit().await.unwrap().unwrap();
+    assert_eq!((done.batch_id, done.table_version), (2, Some(3)));
+
+    // The progress of each batch, as status and the status page read it.
+    let progress = view.recent_progress(10).await.unwrap();
+    let parsed: Vec<lakestream::BatchProgress> = progress
+        .into_iter()
+        .map(|e| serde_json::from_value(e.progress).unwrap())
+        .collect();
+    let ids: Vec<u64> = parsed.iter().map(|p| p.batch_id).collect();
+    assert_eq!(ids, [0, 1, 2]);
+    assert_eq!(parsed.iter().map(|p| p.input_rows).sum::<u64>(), 40);
+    assert_eq!(parsed[2].table_version, Some(3));
+    assert_eq!(
+        parsed[2].sources["orders"].identity,
+        "kafka[topics orders (read_committed)]"
+    );
 }
 
 /// A windowed aggregation's checkpoint (11 batches: a state snapshot after
