@@ -211,13 +211,14 @@ enum Command {
         #[arg(long)]
         smoke: bool,
     },
-    /// Maintain a Delta table: compact, vacuum, checkpoint, history.
+    /// Maintain a Delta table: compact, vacuum, checkpoint, history, lineage.
     #[command(after_help = "Examples:\n  \
         lakestream table optimize s3://bucket/events/ --target-size 128MiB\n  \
         lakestream table vacuum target/quickstart/clean_events              # dry run: lists files\n  \
         lakestream table vacuum target/quickstart/clean_events --execute\n  \
         lakestream table checkpoint target/quickstart/clean_events\n  \
-        lakestream table history target/quickstart/clean_events --limit 5\n\n\
+        lakestream table history target/quickstart/clean_events --limit 5\n  \
+        lakestream table lineage target/quickstart/clean_events --version 2\n\n\
         Compaction is safe while a stream writes to the table.")]
     Table {
         #[command(subcommand)]
