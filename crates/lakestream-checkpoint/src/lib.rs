@@ -702,6 +702,9 @@ impl CheckpointView {
     /// The progress of the last `n` batches that reported one, oldest
     /// first. An unreadable entry (torn by a crash) is passed over.
     pub async fn recent_progress(&self, n: usize) -> Result<Vec<ProgressEntry>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let ids = self.progress_ids().await?;
         let mut out = Vec::new();
         for id in ids.iter().rev().take(n).rev() {

@@ -14,6 +14,8 @@ use futures::TryStreamExt;
 use lakestream::storage::Location;
 use lakestream_engine::checkpoint::Checkpoint;
 use lakestream_engine::lineage::same_offset;
+
+use crate::table::load;
 use serde_json::{Value, json};
 
 /// One commit of the table, as the audit reads it from `_delta_log`.
@@ -34,14 +36,6 @@ impl LogCommit {
     fn lakestream(&self) -> Option<&Value> {
         self.info.get("lakestream").filter(|v| v.is_object())
     }
-}
-
-async fn load(url: &str, options: &HashMap<String, String>) -> anyhow::Result<DeltaTable> {
-    let loc = Location::parse(url, options)?;
-    lakestream::sink::delta::load_table(&loc)
-        .await
-        .with_context(|| format!("cannot open the Delta table at {url}"))?
-        .with_context(|| format!("{url} is not a Delta table (no _delta_log)"))
 }
 
 /// Read commit `version` of `table`; `None` when the log no longer has it

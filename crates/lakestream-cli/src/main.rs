@@ -497,14 +497,7 @@ fn main() -> ExitCode {
                     keep,
                     storage: storage.storage_options.clone(),
                 };
-                match c.run().await {
-                    Ok(true) => ExitCode::SUCCESS,
-                    Ok(false) => ExitCode::from(EXIT_FAILED),
-                    Err(e) => {
-                        eprintln!("error: {e:#}");
-                        ExitCode::from(EXIT_FAILED)
-                    }
-                }
+                verdict(c.run().await)
             }
             Command::Ui {
                 checkpoint,
@@ -524,22 +517,16 @@ fn main() -> ExitCode {
                 json,
                 strict,
                 storage,
-            } => match audit::verify(
-                &checkpoint,
-                table.as_deref(),
-                json,
-                strict,
-                &storage.options(),
-            )
-            .await
-            {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::from(EXIT_FAILED),
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::from(EXIT_FAILED)
-                }
-            },
+            } => verdict(
+                audit::verify(
+                    &checkpoint,
+                    table.as_deref(),
+                    json,
+                    strict,
+                    &storage.options(),
+                )
+                .await,
+            ),
             Command::Query {
                 sql,
                 format,
@@ -586,6 +573,16 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(EXIT_FAILED)
         }
+    }
+}
+
+/// The exit of a check (`verify`, `chaos`): 0 when it passed, 1 when it
+/// did not (its report says why) or could not run.
+fn verdict(r: anyhow::Result<bool>) -> ExitCode {
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(EXIT_FAILED),
+        Err(e) => report(Err(e)),
     }
 }
 

@@ -19,7 +19,11 @@ use serde_json::{Value, json};
 /// re-planned against the new table version.
 const OPTIMIZE_ATTEMPTS: usize = 5;
 
-async fn load(url: &str, options: &HashMap<String, String>) -> anyhow::Result<DeltaTable> {
+/// Open and load the Delta table at `url`, failing when there is none.
+pub(crate) async fn load(
+    url: &str,
+    options: &HashMap<String, String>,
+) -> anyhow::Result<DeltaTable> {
     let loc = Location::parse(url, options)?;
     lakestream::sink::delta::load_table(&loc)
         .await
