@@ -147,18 +147,35 @@ pub struct QueryRecord {
     pub version: u32,
     /// Source table name -> what it reads.
     pub sources: BTreeMap<String, RecordedSource>,
-    /// What the sink writes to.
+    /// What the sink writes to (the first output's, when the query has
+    /// several).
     pub sink: String,
+    /// What the query's further outputs write to, in order (a job with
+    /// several `INSERT`s); empty for one output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
 }
 
 impl QueryRecord {
-    /// A record at the current format version.
+    /// A record at the current format version, of a query with one output.
     pub fn new(sources: BTreeMap<String, RecordedSource>, sink: String) -> Self {
         Self {
             version: FORMAT_VERSION,
             sources,
             sink,
+            outputs: Vec::new(),
         }
+    }
+
+    /// The record with the query's further outputs.
+    pub fn with_outputs(mut self, outputs: Vec<String>) -> Self {
+        self.outputs = outputs;
+        self
+    }
+
+    /// Every output of the query: the sink, then the further outputs.
+    pub fn all_outputs(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.sink.as_str()).chain(self.outputs.iter().map(String::as_str))
     }
 
     /// How `self` (this run) differs from `recorded`, one line per
@@ -191,6 +208,20 @@ impl QueryRecord {
                 "the output was {} and now is {}",
                 recorded.sink, self.sink
             ));
+        }
+        for was in &recorded.outputs {
+            if !self.outputs.contains(was) {
+                out.push(format!("output {was} is no longer in the query"));
+            }
+        }
+        for now in &self.outputs {
+            if !recorded.outputs.contains(now) {
+                // Its first batch would be the query's next one: the input
+                // before it would never reach the new table.
+                out.push(format!(
+                    "output {now} is new (it would miss every batch before this run's)"
+                ));
+            }
         }
         out
     }
@@ -256,6 +287,11 @@ pub struct CommitEntry {
     pub skipped: bool,
     /// When the batch was marked done, in ms since the Unix epoch.
     pub committed_at_ms: i64,
+    /// The version holding the batch in each further output's table, by
+    /// the output's identity ([`QueryRecord::outputs`]); `table_version`
+    /// is the first output's. Empty for one output.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, u64>,
 }
 
 impl CommitEntry {
@@ -267,6 +303,17 @@ impl CommitEntry {
             table_version,
             skipped,
             committed_at_ms: now_ms(),
+            outputs: BTreeMap::new(),
+        }
+    }
+
+    /// The version of the table written by output `identity` holding the
+    /// batch: `table_version` for the first output (`sink`).
+    pub fn version_of(&self, identity: &str, sink: &str) -> Option<u64> {
+        if identity == sink {
+            self.table_version
+        } else {
+            self.outputs.get(identity).copied()
         }
     }
 }

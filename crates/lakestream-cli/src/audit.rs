@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use deltalake::DeltaTable;
 use futures::TryStreamExt;
 use lakestream::storage::Location;
-use lakestream_engine::checkpoint::Checkpoint;
+use lakestream_engine::checkpoint::{Checkpoint, CheckpointView};
 use lakestream_engine::lineage::same_offset;
 
 use crate::table::load;
@@ -269,8 +269,9 @@ struct Report {
     orphans: Vec<String>,
 }
 
-/// `lakestream verify`: check the table of the checkpoint's query against
-/// the checkpoint. Returns whether it is clean.
+/// `lakestream verify`: check the tables of the checkpoint's query (each
+/// output's, or the one `table_url` names) against the checkpoint.
+/// Returns whether they are clean.
 pub(crate) async fn verify(
     checkpoint: &str,
     table_url: Option<&str>,
@@ -281,20 +282,100 @@ pub(crate) async fn verify(
     let view = Checkpoint::inspect(checkpoint, options)
         .await?
         .with_context(|| format!("no checkpoint at {checkpoint}"))?;
-    let query_id = view.metadata().query_id.to_string();
     let record = view.query_record().await?;
-    let table_url = match table_url {
-        Some(t) => t.to_string(),
-        None => {
-            let sink = record
-                .as_ref()
-                .map(|r| r.sink.clone())
-                .context("the checkpoint does not record its table yet; pass --table")?;
-            sink.strip_prefix("delta ")
-                .with_context(|| format!("the query writes to {sink}, not to a Delta table"))?
-                .to_string()
-        }
+    let outputs: Vec<String> = record
+        .as_ref()
+        .map(|r| r.all_outputs().map(str::to_string).collect())
+        .unwrap_or_default();
+    let url_of = |identity: &str| -> anyhow::Result<String> {
+        Ok(identity
+            .strip_prefix("delta ")
+            .with_context(|| format!("the query writes to {identity}, not to a Delta table"))?
+            .to_string())
     };
+    // (table URL, the output identity commits/N names it by)
+    let mut tables: Vec<(String, String)> = Vec::new();
+    match table_url {
+        Some(t) => {
+            let wanted = Location::parse(t, options)?.url().to_string();
+            let identity = outputs
+                .iter()
+                .find(|o| {
+                    url_of(o)
+                        .ok()
+                        .and_then(|u| Location::parse(&u, options).ok())
+                        .is_some_and(|l| l.url().as_str() == wanted)
+                })
+                .or(outputs.first())
+                .cloned()
+                .unwrap_or_default();
+            tables.push((t.to_string(), identity));
+        }
+        None => {
+            if outputs.is_empty() {
+                bail!("the checkpoint does not record its table yet; pass --table");
+            }
+            for o in &outputs {
+                tables.push((url_of(o)?, o.clone()));
+            }
+        }
+    }
+    let sink = outputs.first().cloned().unwrap_or_default();
+    let mut reports = Vec::new();
+    for (url, identity) in &tables {
+        reports.push(verify_table(&view, checkpoint, url, identity, &sink, strict, options).await?);
+    }
+    let clean = reports.iter().all(|r| r.errors.is_empty());
+    if json_out {
+        let mut v = if reports.len() == 1 {
+            serde_json::to_value(&reports[0])?
+        } else {
+            json!({ "checkpoint": checkpoint, "tables": reports })
+        };
+        v["clean"] = json!(clean);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for r in &reports {
+            outln!(
+                "{}: {} batches of query {} in {} ({} versions read from version {})",
+                if r.errors.is_empty() {
+                    "clean"
+                } else {
+                    "NOT CLEAN"
+                },
+                r.batches_in_table,
+                r.query_id,
+                r.table,
+                r.versions_checked,
+                r.first_version
+            );
+            for e in &r.errors {
+                outln!("error: {e}");
+            }
+            for w in &r.warnings {
+                outln!("warning: {w}");
+            }
+            for o in &r.orphans {
+                outln!("orphan: {o}");
+            }
+        }
+    }
+    Ok(clean)
+}
+
+/// Check one output's table, written by output `identity` (`sink`: the
+/// query's first output), against the checkpoint `view`.
+async fn verify_table(
+    view: &CheckpointView,
+    checkpoint: &str,
+    table_url: &str,
+    identity: &str,
+    sink: &str,
+    strict: bool,
+    options: &HashMap<String, String>,
+) -> anyhow::Result<Report> {
+    let query_id = view.metadata().query_id.to_string();
+    let table_url = table_url.to_string();
     let table = load(&table_url, options).await?;
     let mut r = Report {
         checkpoint: checkpoint.to_string(),
@@ -371,7 +452,7 @@ pub(crate) async fn verify(
         let Some(entry) = view.commit(*id).await? else {
             continue;
         };
-        match (by_batch.get(id), entry.table_version) {
+        match (by_batch.get(id), entry.version_of(identity, sink)) {
             (None, Some(v)) if v >= r.first_version => r.errors.push(format!(
                 "the checkpoint's commits/{id} says batch {id} is in table version {v}, but the \
                  table has no commit of batch {id}"
@@ -536,32 +617,7 @@ pub(crate) async fn verify(
         }
     }
 
-    let clean = r.errors.is_empty();
-    if json_out {
-        let mut v = serde_json::to_value(&r)?;
-        v["clean"] = json!(clean);
-        outln!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        outln!(
-            "{}: {} batches of query {} in {} ({} versions read from version {})",
-            if clean { "clean" } else { "NOT CLEAN" },
-            r.batches_in_table,
-            r.query_id,
-            r.table,
-            r.versions_checked,
-            r.first_version
-        );
-        for e in &r.errors {
-            outln!("error: {e}");
-        }
-        for w in &r.warnings {
-            outln!("warning: {w}");
-        }
-        for o in &r.orphans {
-            outln!("orphan: {o}");
-        }
-    }
-    Ok(clean)
+    Ok(r)
 }
 
 /// A short form of an offset for messages.

@@ -166,8 +166,19 @@ impl Chaos {
             );
         }
 
-        // The two tables, as row multisets.
-        let diff = compare(&control.join("table"), &killed.join("table")).await?;
+        // The two runs' tables (each output's), as row multisets.
+        let mut diff = None;
+        let tables = self.tables().await?;
+        for rel in &tables {
+            let name = (tables.len() > 1).then(|| rel.file_name().unwrap_or_default());
+            if let Some(d) = compare(&control.join(rel), &killed.join(rel)).await? {
+                diff = Some(match name {
+                    Some(n) => format!("{}: {d}", n.to_string_lossy()),
+                    None => d,
+                });
+                break;
+            }
+        }
         let verified = crate::audit::verify(
             &killed.join("_checkpoint").display().to_string(),
             None,
@@ -199,6 +210,29 @@ impl Chaos {
             self.rerun_hint();
         }
         Ok(passed)
+    }
+
+    /// Where each output table of the job is below a run's directory:
+    /// `table` for one output, `table/<name>` for each of several (as
+    /// `run --output-location` places them).
+    async fn tables(&self) -> anyhow::Result<Vec<PathBuf>> {
+        let text = std::fs::read_to_string(&self.job)
+            .with_context(|| format!("cannot read {}", self.job.display()))?;
+        let job = lakestream::job::parse_job(&self.job.display().to_string(), &text).await?;
+        Ok(if job.inserts.len() == 1 {
+            vec![PathBuf::from("table")]
+        } else {
+            job.inserts
+                .iter()
+                .map(|i| {
+                    let name = job
+                        .table(&i.target)
+                        .map(|t| t.name.clone())
+                        .unwrap_or_else(|| i.target.clone());
+                    Path::new("table").join(name)
+                })
+                .collect()
+        })
     }
 
     fn rerun_hint(&self) {
@@ -249,7 +283,10 @@ async fn compare(a: &Path, b: &Path) -> anyhow::Result<Option<String>> {
     let extra =
         count("SELECT count(*) FROM (SELECT * FROM killed EXCEPT ALL SELECT * FROM control)")
             .await?;
-    println!("control table: {rows_a} rows; killed run's table: {rows_b} rows");
+    println!(
+        "control table {}: {rows_a} rows; killed run's: {rows_b} rows",
+        a.file_name().unwrap_or_default().to_string_lossy()
+    );
     if missing == 0 && extra == 0 && rows_a == rows_b {
         return Ok(None);
     }

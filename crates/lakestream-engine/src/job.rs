@@ -1,9 +1,10 @@
 //! Loading a SQL job file into a [`QueryBuilder`]; the job file's types
 //! and checks from `lakestream-job` are re-exported here.
 //!
-//! Tables declared `UNBOUNDED` become sources and the `INSERT` target the
-//! sink, each through the connector registry ([`crate::connectors`]); other
-//! tables are static and loaded once at job start.
+//! Tables declared `UNBOUNDED` become sources and each `INSERT` target an
+//! output's sink, each through the connector registry
+//! ([`crate::connectors`]); other tables are static and loaded once at job
+//! start.
 //! Every option is checked here, before any batch runs; an unknown option is
 //! an error (a typo must not silently change a job's meaning).
 
@@ -20,7 +21,7 @@ use lakestream_sink::delta::delta_schema;
 use lakestream_storage::normalize_option_key;
 
 use crate::connectors::{Connectors, table_store_options};
-use crate::{Error, FailPoint, OutputMode, QueryBuilder, Result, Trigger};
+use crate::{Error, FailPoint, Output, OutputMode, QueryBuilder, Result, Trigger};
 use lakestream_sink::describe_schema;
 
 /// How to run a job file.
@@ -38,7 +39,9 @@ pub struct JobOptions {
     /// (default: the built-in ones).
     pub connectors: Connectors,
     /// Write the `INSERT` target at this location instead of the one the
-    /// job declares (a scratch copy of a job's output, as `chaos` makes).
+    /// job declares (a scratch copy of a job's output, as `chaos` makes);
+    /// a job with several `INSERT`s writes each target in a directory of
+    /// this location named after the table.
     pub output_location: Option<String>,
 }
 
@@ -73,14 +76,22 @@ impl std::fmt::Debug for JobOptions {
     }
 }
 
-/// Parse the job in `text` (named `file` in errors) and build its query.
+/// Parse the job in `text` (named `file` in errors) and build its query:
+/// one output per `INSERT`, all over the same batches.
 pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<QueryBuilder> {
     let mut job = parse_job(file, text).await?;
     if let Some(location) = &options.output_location {
-        let target = job.insert.target.clone();
+        // One output: written at the location; several: each in a
+        // directory of it named after its table.
+        let several = job.inserts.len() > 1;
+        let targets: Vec<String> = job.inserts.iter().map(|i| i.target.clone()).collect();
         for t in job.tables.iter_mut() {
-            if t.name.eq_ignore_ascii_case(&target) {
-                t.location = location.clone();
+            if targets.iter().any(|n| t.name.eq_ignore_ascii_case(n)) {
+                t.location = if several {
+                    format!("{}/{}", location.trim_end_matches('/'), t.name)
+                } else {
+                    location.clone()
+                };
             }
         }
     }
@@ -109,16 +120,26 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
             .await
             .map_err(|e| Error::Plan(Box::new(e)))?;
     }
-    // The sink first: a job whose target no connector can write is refused
-    // before any source touches the checkpoint (an inferred schema is
-    // stored there).
-    let target = job.table(&job.insert.target).expect("checked by parse_job");
-    let sink = options
-        .connectors
-        .sink(&job, target, &options.checkpoint, &options.storage_options)
-        .await?;
+    // The sinks first: a job whose target no connector can write is
+    // refused before any source touches the checkpoint (an inferred schema
+    // is stored there).
+    let mut sinks = Vec::new();
+    for insert in &job.inserts {
+        let target = job.table(&insert.target).expect("checked by parse_job");
+        sinks.push(
+            options
+                .connectors
+                .sink(&job, target, &options.checkpoint, &options.storage_options)
+                .await?,
+        );
+    }
+    let is_target = |t: &TableDecl| {
+        job.inserts
+            .iter()
+            .any(|i| t.name.eq_ignore_ascii_case(&i.target))
+    };
     for t in &job.tables {
-        if std::ptr::eq(t, target) {
+        if is_target(t) {
             continue;
         }
         if t.unbounded {
@@ -129,61 +150,90 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
             builder = builder.source(source)?;
             builder = event_time(&job, t, builder)?;
         } else {
-            builder = register_static(&job, t, builder, &options.storage_options).await?;
+            register_static(&job, t, builder.context(), &options.storage_options).await?;
         }
     }
-    let plan = builder
-        .context()
-        .state()
-        .statement_to_plan(job.insert.query.clone())
-        .await
-        .map_err(|e| job.error(pos_of(&e).unwrap_or(job.insert.pos), e.strip_backtrace()))?;
-    if let Some(declared) = &target.schema {
-        let out: Schema = plan.schema().as_arrow().clone();
-        let out = if job.insert.columns.is_empty() {
-            out
-        } else {
-            Schema::new(
-                out.fields()
-                    .iter()
-                    .zip(&job.insert.columns)
-                    .map(|(f, n)| Field::new(n, f.data_type().clone(), true))
-                    .collect::<Vec<_>>(),
-            )
-        };
-        let (a, b) = (delta_schema(declared), delta_schema(&out));
-        if a != b {
-            return Err(job
-                .error(
-                    job.insert.pos,
+    let mut first = None;
+    for (insert, sink) in job.inserts.iter().zip(sinks) {
+        let target = job.table(&insert.target).expect("checked by parse_job");
+        let plan = builder
+            .context()
+            .state()
+            .statement_to_plan(insert.query.clone())
+            .await
+            .map_err(|e| job.error(pos_of(&e).unwrap_or(insert.pos), e.strip_backtrace()))?;
+        check_declared_schema(&job, insert, target, &plan)?;
+        let mode = match target.options.get("output_mode") {
+            Some(mode) => OutputMode::parse(mode).ok_or_else(|| {
+                job.error(
+                    target.pos,
                     format!(
-                        "the query produces ({}) but {} declares ({})",
-                        describe_schema(&b),
-                        target.name,
-                        describe_schema(&a)
+                        "option output_mode of {}: {mode:?} is not an output mode; use \
+                         'append', 'update' or 'complete'",
+                        target.name
                     ),
                 )
-                .into());
+            })?,
+            None => OutputMode::default(),
+        };
+        if first.is_none() {
+            first = Some((plan, sink, mode, insert.columns.clone()));
+        } else {
+            builder = builder.output(
+                Output::plan(plan, sink)
+                    .output_columns(insert.columns.clone())
+                    .output_mode(mode)
+                    .declared_at(insert.pos, insert.query.to_string()),
+            );
         }
     }
-    if let Some(mode) = target.options.get("output_mode") {
-        let mode = OutputMode::parse(mode).ok_or_else(|| {
-            job.error(
-                target.pos,
-                format!(
-                    "option output_mode of {}: {mode:?} is not an output mode; use 'append', \
-                     'update' or 'complete'",
-                    target.name
-                ),
-            )
-        })?;
-        builder = builder.output_mode(mode);
-    }
+    let (plan, sink, mode, columns) = first.expect("a job has an INSERT");
     Ok(builder
-        .output_columns(job.insert.columns.clone())
+        .output_mode(mode)
+        .output_columns(columns)
         .logical_plan(plan)
         .sink(sink)
         .with_job(job))
+}
+
+/// Refuse an `INSERT` whose query's columns differ from those its target
+/// declares.
+fn check_declared_schema(
+    job: &Job,
+    insert: &InsertDecl,
+    target: &TableDecl,
+    plan: &datafusion::logical_expr::LogicalPlan,
+) -> Result<()> {
+    let Some(declared) = &target.schema else {
+        return Ok(());
+    };
+    let out: Schema = plan.schema().as_arrow().clone();
+    let out = if insert.columns.is_empty() {
+        out
+    } else {
+        Schema::new(
+            out.fields()
+                .iter()
+                .zip(&insert.columns)
+                .map(|(f, n)| Field::new(n, f.data_type().clone(), true))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (a, b) = (delta_schema(declared), delta_schema(&out));
+    if a != b {
+        return Err(job
+            .error(
+                insert.pos,
+                format!(
+                    "the query produces ({}) but {} declares ({})",
+                    describe_schema(&b),
+                    target.name,
+                    describe_schema(&a)
+                ),
+            )
+            .into());
+    }
+    Ok(())
 }
 
 /// The stream table `t`'s event time, from its `event_time` and
@@ -264,10 +314,9 @@ fn storage_setting(stmt: &str) -> Option<(String, String)> {
 async fn register_static(
     job: &Job,
     t: &TableDecl,
-    builder: QueryBuilder,
+    ctx: &datafusion::prelude::SessionContext,
     storage: &HashMap<String, String>,
-) -> Result<QueryBuilder> {
-    let ctx = builder.context().clone();
+) -> Result<()> {
     let err = |msg: String| -> Error { job.error(t.pos, msg).into() };
     let provider: Arc<dyn datafusion::datasource::TableProvider> = match t.format.as_str() {
         "DELTA" => {
@@ -322,7 +371,9 @@ async fn register_static(
             )
         }
     };
-    builder.static_table(&t.name, provider)
+    ctx.register_table(t.name.as_str(), provider)
+        .map_err(|e| Error::Plan(Box::new(e)))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -29,10 +29,10 @@ use datafusion::error::DataFusionError;
 
 pub use lakestream_job::connectors;
 pub use lakestream_job::{MAX_DURATION, parse_duration, parse_size};
-pub use progress::{BatchProgress, Durations, SourceProgress};
+pub use progress::{BatchProgress, Durations, OutputProgress, SourceProgress};
 pub use query::{
-    DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, PROGRESS_EVENTS_BUFFER, QueryBuilder,
-    QueryHandle, QuerySummary, StopHandle,
+    DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Output, PROGRESS_EVENTS_BUFFER,
+    QueryBuilder, QueryHandle, QuerySummary, StopHandle,
 };
 pub use stateful::{EventTime, OutputMode, StateProgress};
 
@@ -281,9 +281,11 @@ impl std::str::FromStr for Trigger {
 pub enum FailPoint {
     /// After `offsets/N` is written, before anything is read.
     AfterWriteAhead,
-    /// After the batch's data files are written, before the table commit.
+    /// After the batch's data files are written, before the table commit
+    /// (the first output's, in a query with several).
     AfterFiles,
-    /// After the table commit, before `commits/N`.
+    /// After the table commit, before `commits/N`; in a query with several
+    /// outputs, after the first output's commit, before the next one's.
     AfterCommit,
 }
 

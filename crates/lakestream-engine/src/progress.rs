@@ -51,6 +51,25 @@ pub struct SourceProgress {
     pub lag: BTreeMap<String, u64>,
 }
 
+/// One output's part of a batch, for a query with several outputs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct OutputProgress {
+    /// What the output writes to (`delta file:///...`).
+    pub sink: String,
+    /// Rows written to its table by this batch.
+    pub output_rows: u64,
+    /// Data files written.
+    pub output_files: usize,
+    /// Bytes of data files written.
+    pub output_bytes: u64,
+    /// Its table's version holding the batch.
+    pub table_version: Option<u64>,
+    /// True when its table already held the batch (a replay after a crash
+    /// between two outputs' commits) and nothing was written to it.
+    pub skipped: bool,
+}
+
 /// What one batch did. Printed per batch by the CLI (`--progress-json`).
 ///
 /// A stateful query's batches also carry the event-time watermark they ran
@@ -70,11 +89,13 @@ pub struct BatchProgress {
     /// The batch's timestamp (ms since the epoch; what `now()` returns in
     /// it), fixed when it was planned.
     pub timestamp_ms: i64,
-    /// What the sink writes to (`delta file:///...`).
+    /// What the sink writes to (`delta file:///...`); the first output's
+    /// when the query has several.
     pub sink: String,
     /// Rows read from all sources.
     pub input_rows: u64,
-    /// Rows written to the table.
+    /// Rows written to the table (to all outputs' tables, summed, when the
+    /// query has several).
     pub output_rows: u64,
     /// Data files written.
     pub output_files: usize,
@@ -89,13 +110,17 @@ pub struct BatchProgress {
     pub durations: Durations,
     /// Per-source ranges.
     pub sources: BTreeMap<String, SourceProgress>,
-    /// Table version after the batch.
+    /// Table version after the batch (the first output's).
     pub table_version: Option<u64>,
+    /// Each output's part, in the query's order, when it has several.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputProgress>,
     /// Times the batch's commit found its version taken by another writer
     /// and was retried.
     pub commit_retries: u64,
-    /// True when the batch was found already in the table (replay after a
-    /// crash) and nothing was written.
+    /// True when the batch was found already in the table (every output's
+    /// table, when it has several: replay after a crash) and nothing was
+    /// written.
     pub skipped: bool,
     /// True when this batch was re-run from the write-ahead log at start.
     pub recovered: bool,
@@ -155,13 +180,30 @@ impl BatchProgress {
                 )
             })
             .collect();
+        let version = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+        let tables = if self.outputs.is_empty() {
+            format!("table v{}", version(self.table_version))
+        } else {
+            // `delta file:///x/clean` -> `clean v3`
+            let each: Vec<String> = self
+                .outputs
+                .iter()
+                .map(|o| {
+                    let name = o
+                        .sink
+                        .trim_end_matches('/')
+                        .rsplit('/')
+                        .next()
+                        .unwrap_or("");
+                    format!("{name} v{}", version(o.table_version))
+                })
+                .collect();
+            format!("tables {}", each.join(", "))
+        };
         format!(
-            "batch {}{}: {what}, table v{} [{}{}]{}",
+            "batch {}{}: {what}, {tables} [{}{}]{}",
             self.batch_id,
             if self.recovered { " (recovered)" } else { "" },
-            self.table_version
-                .map(|v| v.to_string())
-                .unwrap_or_else(|| "-".into()),
             srcs.join("; "),
             skipped.concat(),
             done.concat()

@@ -8,6 +8,10 @@
 //! and the next one planned early) can never see each other's ranges.
 //! A source error travels through DataFusion as a [`SourceFailure`] and the
 //! driver finds it, typed, with [`source_failure`].
+//!
+//! A query with several outputs reads each source's range once: the
+//! driver [`BatchScans::materialize`]s it into memory and every output's
+//! scan reads those record batches.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,7 +29,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use lakestream_source::{BatchStream, Offset, Source};
 
 /// The range a [`MicroBatchTable`] reads in the current batch.
@@ -45,6 +49,9 @@ pub(crate) struct BatchScans {
     ranges: HashMap<String, BatchRange>,
     rows: HashMap<String, Arc<AtomicU64>>,
     event_times: HashMap<String, EventTimeScan>,
+    /// Ranges read ahead into memory, by source name, one `Vec` per
+    /// partition.
+    read: HashMap<String, Arc<Vec<Vec<RecordBatch>>>>,
 }
 
 /// The event-time column of a source and the largest value read, in ms.
@@ -87,6 +94,51 @@ impl BatchScans {
                 max_ms: Arc::new(AtomicI64::new(i64::MIN)),
             },
         );
+    }
+
+    /// Read every range of `tables` now, into memory, so that each scan of
+    /// this batch (one per output of the query) takes the same record
+    /// batches instead of reading the source again. Rows and event times
+    /// are counted here, once. The memory held is the batch's input, as
+    /// bounded by the sources' per-trigger limits.
+    pub(crate) async fn materialize(
+        &mut self,
+        tables: &[Arc<MicroBatchTable>],
+    ) -> Result<(), Arc<lakestream_source::Error>> {
+        for t in tables {
+            let name = t.source().name();
+            let Some(BatchRange {
+                start,
+                end: Some(end),
+            }) = self.ranges.get(name)
+            else {
+                continue;
+            };
+            let streams = t
+                .source()
+                .read(start.as_ref(), end, t.partitions)
+                .map_err(Arc::new)?;
+            let rows = self.rows.get(name).cloned().unwrap_or_default();
+            let event_time = self.event_times.get(name).cloned();
+            let parts = futures::future::try_join_all(streams.into_iter().map(|s| {
+                let rows = rows.clone();
+                let event_time = event_time.clone();
+                async move {
+                    let batches: Vec<RecordBatch> = s.try_collect().await?;
+                    for b in &batches {
+                        rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                        if let Some(et) = &event_time {
+                            et.observe(b);
+                        }
+                    }
+                    Ok::<_, lakestream_source::Error>(batches)
+                }
+            }))
+            .await
+            .map_err(Arc::new)?;
+            self.read.insert(name.to_string(), Arc::new(parts));
+        }
+        Ok(())
     }
 
     /// Rows the scans of source `name` have read so far.
@@ -185,6 +237,17 @@ impl TableProvider for MicroBatchTable {
                     "the streaming table {name} was planned outside a micro-batch"
                 ))
             })?;
+        if let Some(parts) = scans.read.get(name) {
+            let empty = [Vec::new()];
+            let parts: &[Vec<RecordBatch>] = if parts.is_empty() { &empty } else { parts };
+            let config = datafusion::datasource::memory::MemorySourceConfig::try_new(
+                parts,
+                self.schema.clone(),
+                projection.cloned(),
+            )?
+            .with_limit(limit);
+            return Ok(datafusion::datasource::source::DataSourceExec::from_data_source(config));
+        }
         let rows = scans.rows.get(name).cloned().unwrap_or_default();
         let event_time = scans.event_times.get(name).cloned();
         let streams: Vec<BatchStream> = match scans.ranges.get(name) {

@@ -16,7 +16,7 @@ use lakestream_source::Source;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::driver::{Driver, RunInfo};
+use crate::driver::{Driver, OutputPlan, RunInfo};
 use crate::progress::BatchProgress;
 use crate::provider::{BatchScans, MicroBatchTable};
 use crate::stateful::{
@@ -83,6 +83,74 @@ pub struct QueryBuilder {
     event_times: BTreeMap<String, EventTime>,
     name: Option<String>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Outputs besides the first (the one `sql`/`dataframe` and `sink`
+    /// give).
+    outputs: Vec<Output>,
+}
+
+/// A further output of a query ([`QueryBuilder::output`]): its own query
+/// over the same micro-batch, written to its own sink.
+///
+/// Every batch reads its sources once and runs each output's query over
+/// those rows; each output is committed to its sink on its own, with the
+/// query id and batch id, so a restart after a crash between two outputs'
+/// commits runs only the outputs whose sink lacks the batch.
+pub struct Output {
+    query: QuerySpec,
+    sink: Arc<dyn Sink>,
+    columns: Vec<String>,
+    mode: OutputMode,
+    /// Where a job file declares it (for messages).
+    pos: Option<lakestream_job::Pos>,
+    /// The text its fingerprint is computed from (a job's SQL).
+    text: Option<String>,
+}
+
+impl Output {
+    /// An output running `sql` over each batch into `sink`.
+    pub fn sql(sql: impl Into<String>, sink: Arc<dyn Sink>) -> Self {
+        Self::new(QuerySpec::Sql(sql.into()), sink)
+    }
+
+    /// An output running the DataFrame `df` (built on
+    /// [`QueryBuilder::context`]) over each batch into `sink`.
+    pub fn dataframe(df: DataFrame, sink: Arc<dyn Sink>) -> Self {
+        Self::new(QuerySpec::Plan(df.into_unoptimized_plan()), sink)
+    }
+
+    pub(crate) fn plan(plan: LogicalPlan, sink: Arc<dyn Sink>) -> Self {
+        Self::new(QuerySpec::Plan(plan), sink)
+    }
+
+    fn new(query: QuerySpec, sink: Arc<dyn Sink>) -> Self {
+        Self {
+            query,
+            sink,
+            columns: Vec::new(),
+            mode: OutputMode::default(),
+            pos: None,
+            text: None,
+        }
+    }
+
+    /// Rename the output columns in order (an `INSERT INTO t (a, b)` list).
+    pub fn output_columns(mut self, columns: Vec<String>) -> Self {
+        self.columns = columns;
+        self
+    }
+
+    /// When the groups of this output's aggregation are written (default
+    /// [`OutputMode::Append`]).
+    pub fn output_mode(mut self, mode: OutputMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    pub(crate) fn declared_at(mut self, pos: lakestream_job::Pos, text: String) -> Self {
+        self.pos = Some(pos);
+        self.text = Some(text);
+        self
+    }
 }
 
 impl Default for QueryBuilder {
@@ -129,7 +197,17 @@ impl QueryBuilder {
             event_times: BTreeMap::new(),
             name: None,
             metrics: None,
+            outputs: Vec::new(),
         }
+    }
+
+    /// Write a further output each batch: another query over the same
+    /// batch's input (read once) into another sink, committed with its own
+    /// transaction for the batch id. At most one output of a query may
+    /// aggregate or deduplicate.
+    pub fn output(mut self, output: Output) -> Self {
+        self.outputs.push(output);
+        self
     }
 
     /// Report each batch to `metrics` (Prometheus series labelled with
@@ -315,14 +393,16 @@ impl QueryBuilder {
                 "the query has no streaming source".into(),
             ));
         }
-        let fingerprint = match (&self.job, &self.query) {
-            (Some(job), _) => crate::lineage::sql_fingerprint(&job.insert.query.to_string()),
-            (None, Some(QuerySpec::Sql(sql))) => crate::lineage::sql_fingerprint(sql),
-            (None, Some(QuerySpec::Plan(p))) => {
-                crate::lineage::sql_fingerprint(&p.display_indent().to_string())
-            }
-            (None, None) => String::new(),
-        };
+        let query = self
+            .query
+            .ok_or_else(|| Error::InvalidQuery("the query has no SQL or DataFrame".into()))?;
+        let mut first = Output::new(query, sink)
+            .output_columns(self.output_columns)
+            .output_mode(self.output_mode);
+        if let Some(insert) = self.job.as_ref().and_then(|j| j.inserts.first()) {
+            first = first.declared_at(insert.pos, insert.query.to_string());
+        }
+        let specs: Vec<Output> = std::iter::once(first).chain(self.outputs).collect();
         let name = self.name.clone().or_else(|| {
             self.job.as_ref().map(|j| {
                 std::path::Path::new(&j.file)
@@ -331,167 +411,130 @@ impl QueryBuilder {
                     .unwrap_or_else(|| j.file.clone())
             })
         });
-        let plan = match self.query {
-            None => {
-                return Err(Error::InvalidQuery(
-                    "the query has no SQL or DataFrame".into(),
-                ));
-            }
-            Some(QuerySpec::Plan(p)) => p,
-            Some(QuerySpec::Sql(sql)) => {
-                let state = self.ctx.state();
-                let mut stmt = state
-                    .sql_to_statement(&sql, &datafusion::config::Dialect::Generic)
-                    .map_err(|e| Error::Plan(Box::new(e)))?;
-                if let datafusion::sql::parser::Statement::Statement(s) = &mut stmt
-                    && let datafusion::sql::sqlparser::ast::Statement::Query(q) = s.as_mut()
-                {
-                    lakestream_job::window::rewrite_window_references(q);
-                }
-                state
-                    .statement_to_plan(stmt)
-                    .await
-                    .map_err(|e| Error::Plan(Box::new(e)))?
-            }
-        };
-        let plan = if self.output_columns.is_empty() {
-            plan
-        } else {
-            rename_output(plan, &self.output_columns)?
-        };
         let names: Vec<String> = self
             .tables
             .iter()
             .map(|t| t.source().name().to_string())
             .collect();
         let is_stream = |n: &str| names.iter().any(|s| s.eq_ignore_ascii_case(n));
-        if let Some(job) = &self.job {
-            lakestream_job::check_streaming_plan(job, &plan, &is_stream)?;
-        } else if let Some(problem) = lakestream_job::streaming_plan_problem(&plan, &is_stream) {
-            return Err(Error::InvalidQuery(problem));
-        }
-        let output_schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
-        let user_error = |msg: String| -> Error {
-            match &self.job {
-                Some(job) => Error::from(job.error(job.insert.pos, msg)),
-                None => Error::InvalidQuery(msg),
+        let job = self.job.as_ref();
+        let user_error = |pos: Option<lakestream_job::Pos>, msg: String| -> Error {
+            match (job, pos) {
+                (Some(job), Some(pos)) => Error::from(job.error(pos, msg)),
+                _ => Error::InvalidQuery(msg),
             }
         };
+        let first_pos = specs[0].pos;
         for (source, et) in &self.event_times {
             let Some(t) = self
                 .tables
                 .iter()
                 .find(|t| t.source().name().eq_ignore_ascii_case(source))
             else {
-                return Err(user_error(format!(
-                    "an event time is set for {source}, which is not a stream of this query"
-                )));
+                return Err(user_error(
+                    first_pos,
+                    format!(
+                        "an event time is set for {source}, which is not a stream of this query"
+                    ),
+                ));
             };
             let schema = t.source().schema();
             match schema.field_with_name(&et.column).map(|f| f.data_type()) {
                 Ok(arrow::datatypes::DataType::Timestamp(_, _)) => {}
                 Ok(other) => {
-                    return Err(user_error(format!(
-                        "the event time column {} of {source} is {other}, not a timestamp; \
-                         declare it TIMESTAMP",
-                        et.column
-                    )));
+                    return Err(user_error(
+                        first_pos,
+                        format!(
+                            "the event time column {} of {source} is {other}, not a timestamp; \
+                             declare it TIMESTAMP",
+                            et.column
+                        ),
+                    ));
                 }
                 Err(_) => {
-                    return Err(user_error(format!(
-                        "the event time column {} is not a column of {source}",
-                        et.column
-                    )));
+                    return Err(user_error(
+                        first_pos,
+                        format!(
+                            "the event time column {} is not a column of {source}",
+                            et.column
+                        ),
+                    ));
                 }
             }
         }
-        let stateful_logical = lakestream_job::stateful_aggregate(&plan, &is_stream).is_some()
-            || lakestream_job::stateful_distinct(&plan, &is_stream).is_some();
-        let stateful = if stateful_logical {
-            // The batch plans' shape, from a plan over no input.
-            let mut state = self.ctx.state();
-            state
-                .config_mut()
-                .set_extension(Arc::new(BatchScans::default()));
-            let physical = state
-                .create_physical_plan(&plan)
-                .await
-                .map_err(|e| Error::Plan(Box::new(e)))?;
-            let mut agg = StatefulAggregate::new(
-                &physical,
-                &lakestream_storage::Location::parse(&checkpoint, &self.checkpoint_options)?,
-                self.output_mode,
-                self.event_times.clone(),
-                lakestream_job::is_distinct_on(&plan, &is_stream),
-            )?
-            .ok_or_else(|| {
-                Error::Internal("the query's aggregation is missing from its plan".into())
-            })?;
-            match self.output_mode {
-                OutputMode::Append if agg.is_dedup() => {}
-                _ if agg.is_dedup() => {
-                    return Err(user_error(
-                        "a deduplication (SELECT DISTINCT, DISTINCT ON, or GROUP BY without \
-                         aggregate functions) writes each row once, when first seen: use output_mode \
-                         'append'"
-                            .into(),
-                    ));
+        let state_location =
+            lakestream_storage::Location::parse(&checkpoint, &self.checkpoint_options)?;
+        let mut outputs: Vec<OutputPlan> = Vec::new();
+        let mut stateful: Option<(usize, StatefulAggregate)> = None;
+        for spec in specs {
+            let fingerprint = match (&spec.text, &spec.query) {
+                (Some(text), _) => crate::lineage::sql_fingerprint(text),
+                (None, QuerySpec::Sql(sql)) => crate::lineage::sql_fingerprint(sql),
+                (None, QuerySpec::Plan(p)) => {
+                    crate::lineage::sql_fingerprint(&p.display_indent().to_string())
                 }
-                OutputMode::Append if !agg.is_windowed() => {
-                    return Err(user_error(
-                        "an aggregation over a stream without an event-time window cannot \
-                         run in append mode: its groups never close, so none would ever be \
-                         written; group by window(<event time>, '<size>') with the stream's \
-                         'event_time' and 'watermark_delay' options set, or set the output \
-                         table's OPTIONS ('output_mode' 'update') (changed groups merged by \
-                         their keys) or ('output_mode' 'complete') (the whole result each \
-                         batch)"
-                            .into(),
-                    ));
+            };
+            let plan = plan_query(&self.ctx, spec.query).await?;
+            let plan = if spec.columns.is_empty() {
+                plan
+            } else {
+                rename_output(plan, &spec.columns)?
+            };
+            match (job, spec.pos) {
+                (Some(job), Some(pos)) => {
+                    lakestream_job::check_streaming_plan(job, pos, &plan, &is_stream)?
                 }
-                OutputMode::Append if agg.event_times().is_empty() => {
-                    return Err(user_error(
-                        "a windowed aggregation in append mode writes a window once the \
-                         watermark passes its end, and this query has no watermark: set \
-                         OPTIONS ('event_time' '<timestamp column>', 'watermark_delay' \
-                         '1 minute') on the stream table"
-                            .into(),
-                    ));
-                }
-                OutputMode::Append | OutputMode::Complete => {}
-                OutputMode::Update if agg.is_session() => {
-                    return Err(user_error(
-                        "session windows cannot run in update mode: a session's key (its \
-                         start) changes as later events extend it, so a merge by keys would \
-                         leave the shorter session's row behind; use output_mode 'append' \
-                         (each session once, when the watermark passes its end) or \
-                         'complete'"
-                            .into(),
-                    ));
-                }
-                OutputMode::Update => {
-                    let positions = lakestream_job::group_key_positions(&plan, &is_stream)
-                        .map_err(user_error)?;
-                    if positions.is_empty() {
-                        return Err(user_error(
-                            "update mode merges each group into the table by its GROUP BY \
-                             keys, and this aggregation has none (one group): use \
-                             output_mode 'complete'"
-                                .into(),
-                        ));
+                _ => {
+                    if let Some(problem) = lakestream_job::streaming_plan_problem(&plan, &is_stream)
+                    {
+                        return Err(Error::InvalidQuery(problem));
                     }
-                    agg.set_keys(
-                        positions
-                            .into_iter()
-                            .map(|i| output_schema.field(i).name().clone())
-                            .collect(),
-                    );
                 }
             }
-            Some(agg)
-        } else {
-            None
-        };
+            let agg = stateful_of(
+                &self.ctx,
+                &plan,
+                &is_stream,
+                &state_location,
+                spec.mode,
+                &self.event_times,
+                &|msg| user_error(spec.pos, msg),
+            )
+            .await?;
+            let identity = spec.sink.identity();
+            if let Some(agg) = agg {
+                if stateful.is_some() {
+                    return Err(user_error(
+                        spec.pos,
+                        "a query may hold one aggregation or deduplication among its outputs, \
+                         and this is the second: write the other from a job of its own (it \
+                         may read the first job's table as a stream)"
+                            .into(),
+                    ));
+                }
+                stateful = Some((outputs.len(), agg));
+            }
+            if outputs.iter().any(|o| o.identity == identity) {
+                return Err(user_error(
+                    spec.pos,
+                    format!(
+                        "two outputs of the query write to {identity}: each batch is committed \
+                         to a table once, so the second would never be written"
+                    ),
+                ));
+            }
+            outputs.push(OutputPlan {
+                plan,
+                sink: spec.sink,
+                fingerprint,
+                identity,
+                stateful: false,
+            });
+        }
+        let stateful = stateful.map(|(i, agg)| {
+            outputs[i].stateful = true;
+            agg
+        });
         let ckpt = Checkpoint::open(&checkpoint, &self.checkpoint_options).await?;
         // Before the sink creates anything: a checkpoint of another query
         // would apply its offsets to input they do not describe.
@@ -509,16 +552,19 @@ impl QueryBuilder {
                     )
                 })
                 .collect(),
-            sink.identity(),
-        );
-        let sink_identity = record.sink.clone();
+            outputs[0].identity.clone(),
+        )
+        .with_outputs(outputs[1..].iter().map(|o| o.identity.clone()).collect());
         ckpt.check_query(&record).await?;
-        sink.open(output_schema).await?;
+        for o in &outputs {
+            o.sink
+                .open(Arc::new(o.plan.schema().as_arrow().clone()))
+                .await?;
+        }
         Ok(Driver {
             ctx: self.ctx,
             tables: self.tables,
-            plan,
-            sink,
+            outputs,
             ckpt,
             trigger: self.trigger,
             poll: self.poll,
@@ -530,11 +576,130 @@ impl QueryBuilder {
             run: RunInfo {
                 run_id: uuid::Uuid::new_v4().to_string(),
                 name,
-                fingerprint,
-                sink: sink_identity,
             },
         })
     }
+}
+
+/// The logical plan of `query` on `ctx` (SQL is parsed with Spark's window
+/// spellings rewritten).
+async fn plan_query(ctx: &SessionContext, query: QuerySpec) -> Result<LogicalPlan> {
+    match query {
+        QuerySpec::Plan(p) => Ok(p),
+        QuerySpec::Sql(sql) => {
+            let state = ctx.state();
+            let mut stmt = state
+                .sql_to_statement(&sql, &datafusion::config::Dialect::Generic)
+                .map_err(|e| Error::Plan(Box::new(e)))?;
+            if let datafusion::sql::parser::Statement::Statement(s) = &mut stmt
+                && let datafusion::sql::sqlparser::ast::Statement::Query(q) = s.as_mut()
+            {
+                lakestream_job::window::rewrite_window_references(q);
+            }
+            state
+                .statement_to_plan(stmt)
+                .await
+                .map_err(|e| Error::Plan(Box::new(e)))
+        }
+    }
+}
+
+/// The stateful aggregation (or deduplication) of the output query
+/// `plan`, checked against its output `mode`, if it has one.
+async fn stateful_of(
+    ctx: &SessionContext,
+    plan: &LogicalPlan,
+    is_stream: &(dyn Fn(&str) -> bool + Sync),
+    state_location: &lakestream_storage::Location,
+    mode: OutputMode,
+    event_times: &BTreeMap<String, EventTime>,
+    user_error: &(dyn Fn(String) -> Error + Sync),
+) -> Result<Option<StatefulAggregate>> {
+    let stateful_logical = lakestream_job::stateful_aggregate(plan, is_stream).is_some()
+        || lakestream_job::stateful_distinct(plan, is_stream).is_some();
+    if !stateful_logical {
+        return Ok(None);
+    }
+    let output_schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+    // The batch plans' shape, from a plan over no input.
+    let mut state = ctx.state();
+    state
+        .config_mut()
+        .set_extension(Arc::new(BatchScans::default()));
+    let physical = state
+        .create_physical_plan(plan)
+        .await
+        .map_err(|e| Error::Plan(Box::new(e)))?;
+    let mut agg = StatefulAggregate::new(
+        &physical,
+        state_location,
+        mode,
+        event_times.clone(),
+        lakestream_job::is_distinct_on(plan, is_stream),
+    )?
+    .ok_or_else(|| Error::Internal("the query's aggregation is missing from its plan".into()))?;
+    match mode {
+        OutputMode::Append if agg.is_dedup() => {}
+        _ if agg.is_dedup() => {
+            return Err(user_error(
+                "a deduplication (SELECT DISTINCT, DISTINCT ON, or GROUP BY without \
+                 aggregate functions) writes each row once, when first seen: use output_mode \
+                 'append'"
+                    .into(),
+            ));
+        }
+        OutputMode::Append if !agg.is_windowed() => {
+            return Err(user_error(
+                "an aggregation over a stream without an event-time window cannot \
+                 run in append mode: its groups never close, so none would ever be \
+                 written; group by window(<event time>, '<size>') with the stream's \
+                 'event_time' and 'watermark_delay' options set, or set the output \
+                 table's OPTIONS ('output_mode' 'update') (changed groups merged by \
+                 their keys) or ('output_mode' 'complete') (the whole result each \
+                 batch)"
+                    .into(),
+            ));
+        }
+        OutputMode::Append if agg.event_times().is_empty() => {
+            return Err(user_error(
+                "a windowed aggregation in append mode writes a window once the \
+                 watermark passes its end, and this query has no watermark: set \
+                 OPTIONS ('event_time' '<timestamp column>', 'watermark_delay' \
+                 '1 minute') on the stream table"
+                    .into(),
+            ));
+        }
+        OutputMode::Append | OutputMode::Complete => {}
+        OutputMode::Update if agg.is_session() => {
+            return Err(user_error(
+                "session windows cannot run in update mode: a session's key (its \
+                 start) changes as later events extend it, so a merge by keys would \
+                 leave the shorter session's row behind; use output_mode 'append' \
+                 (each session once, when the watermark passes its end) or \
+                 'complete'"
+                    .into(),
+            ));
+        }
+        OutputMode::Update => {
+            let positions =
+                lakestream_job::group_key_positions(plan, is_stream).map_err(user_error)?;
+            if positions.is_empty() {
+                return Err(user_error(
+                    "update mode merges each group into the table by its GROUP BY \
+                     keys, and this aggregation has none (one group): use \
+                     output_mode 'complete'"
+                        .into(),
+                ));
+            }
+            agg.set_keys(
+                positions
+                    .into_iter()
+                    .map(|i| output_schema.field(i).name().clone())
+                    .collect(),
+            );
+        }
+    }
+    Ok(Some(agg))
 }
 
 fn rename_output(plan: LogicalPlan, columns: &[String]) -> Result<LogicalPlan> {

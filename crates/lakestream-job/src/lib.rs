@@ -12,7 +12,7 @@
 //! ```
 //!
 //! [`parse_job`] turns the text into a [`Job`]: table declarations, `SET`
-//! statements and the one `INSERT`. [`check_streaming_plan`] refuses query
+//! statements and the `INSERT`s (one per output table). [`check_streaming_plan`] refuses query
 //! shapes that a stateless micro-batch cannot run (an aggregation, sort,
 //! limit or window over a stream, a join of two streams). Every error about
 //! the job carries the line and column in the job file.
@@ -135,7 +135,7 @@ pub struct TableDecl {
     pub pos: Pos,
 }
 
-/// The job's `INSERT INTO target SELECT ...`.
+/// One of the job's `INSERT INTO target SELECT ...` statements.
 #[derive(Debug, Clone)]
 pub struct InsertDecl {
     /// The target table's name.
@@ -157,8 +157,10 @@ pub struct Job {
     pub settings: Vec<Statement>,
     /// Table declarations, in order.
     pub tables: Vec<TableDecl>,
-    /// The insert.
-    pub insert: InsertDecl,
+    /// The inserts, in order (at least one; each into its own table).
+    /// Every batch runs each over the same input and commits each to its
+    /// table.
+    pub inserts: Vec<InsertDecl>,
 }
 
 impl Job {

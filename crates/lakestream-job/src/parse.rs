@@ -27,7 +27,7 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
     let ctx = SessionContext::new();
     let mut settings = Vec::new();
     let mut tables = Vec::new();
-    let mut insert = None;
+    let mut inserts: Vec<InsertDecl> = Vec::new();
     for (i, stmt) in statements.into_iter().enumerate() {
         let pos = starts.get(i).copied().unwrap_or_default();
         match &stmt {
@@ -82,14 +82,6 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
             }
             Statement::Statement(s) => match s.as_ref() {
                 ast::Statement::Insert(ins) => {
-                    if insert.is_some() {
-                        return Err(err(
-                            pos,
-                            "a job has exactly one INSERT; split the job into several jobs \
-                             with their own checkpoints"
-                                .into(),
-                        ));
-                    }
                     let ast::TableObject::TableName(target) = &ins.table else {
                         return Err(err(pos, "INSERT INTO needs a table name".into()));
                     };
@@ -98,12 +90,26 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
                     };
                     let mut rewritten = query.clone();
                     crate::window::rewrite_window_references(&mut rewritten);
-                    insert = Some(InsertDecl {
-                        target: target
-                            .0
-                            .last()
-                            .map(|p| p.to_string().trim_matches('"').to_string())
-                            .unwrap_or_default(),
+                    let target = target
+                        .0
+                        .last()
+                        .map(|p| p.to_string().trim_matches('"').to_string())
+                        .unwrap_or_default();
+                    if inserts
+                        .iter()
+                        .any(|i| i.target.eq_ignore_ascii_case(&target))
+                    {
+                        return Err(err(
+                            pos,
+                            format!(
+                                "the job inserts into {target} twice: one batch is committed \
+                                 to a table once, so the second INSERT would never be \
+                                 written; combine them with UNION ALL in one INSERT"
+                            ),
+                        ));
+                    }
+                    inserts.push(InsertDecl {
+                        target,
                         columns: ins.columns.iter().map(|c| c.to_string()).collect(),
                         query: Statement::Statement(Box::new(ast::Statement::Query(rewritten))),
                         pos: span_pos(&query.span()).unwrap_or(pos),
@@ -115,7 +121,7 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
                         pos,
                         format!(
                             "unsupported statement in a job: {}; a job holds CREATE EXTERNAL \
-                             TABLE, SET and one INSERT INTO ... SELECT",
+                             TABLE, SET and INSERT INTO ... SELECT",
                             first_words(&other.to_string())
                         ),
                     ));
@@ -136,35 +142,48 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
         line: text.lines().count().max(1) as u64,
         column: 1,
     };
-    let insert = insert.ok_or_else(|| {
-        err(
+    if inserts.is_empty() {
+        return Err(err(
             end,
             "the job has no INSERT INTO <table> SELECT ...: add one naming the output table".into(),
-        )
-    })?;
+        ));
+    }
     let job = Job {
         file: file.to_string(),
         settings,
         tables,
-        insert,
+        inserts,
     };
     // Which formats can be the target is the connector registry's to say.
-    match job.table(&job.insert.target) {
-        Some(_) => {}
-        None => {
-            return Err(job.error(
-                job.insert.pos,
-                format!(
-                    "INSERT target {} is not declared: add CREATE EXTERNAL TABLE {} STORED AS \
-                     DELTA LOCATION '...'",
-                    job.insert.target, job.insert.target
-                ),
-            ));
+    for insert in &job.inserts {
+        match job.table(&insert.target) {
+            Some(t) if t.unbounded => {
+                return Err(job.error(
+                    insert.pos,
+                    format!(
+                        "INSERT target {} is declared UNBOUNDED, as a stream this job reads: \
+                         a job cannot read its own output; write to another table, or read \
+                         {} in a second job",
+                        insert.target, insert.target
+                    ),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                return Err(job.error(
+                    insert.pos,
+                    format!(
+                        "INSERT target {} is not declared: add CREATE EXTERNAL TABLE {} STORED \
+                         AS DELTA LOCATION '...'",
+                        insert.target, insert.target
+                    ),
+                ));
+            }
         }
     }
     if !job.tables.iter().any(|t| t.unbounded) {
         return Err(job.error(
-            job.insert.pos,
+            job.inserts[0].pos,
             "the job reads no stream: declare its input with CREATE UNBOUNDED EXTERNAL TABLE",
         ));
     }

@@ -4,18 +4,20 @@
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::logical_expr::{Aggregate, Distinct, Expr, LogicalPlan};
 
-use crate::{Job, Result};
+use crate::{Job, Pos, Result};
 
 /// Refuse plans a micro-batch cannot run correctly (see
-/// [`streaming_plan_problem`]). `is_stream` tells whether a table name is
-/// a stream.
+/// [`streaming_plan_problem`]), naming the position `pos` of the `INSERT`
+/// whose query `plan` is. `is_stream` tells whether a table name is a
+/// stream.
 pub fn check_streaming_plan(
     job: &Job,
+    pos: Pos,
     plan: &LogicalPlan,
     is_stream: &dyn Fn(&str) -> bool,
 ) -> Result<()> {
     match streaming_plan_problem(plan, is_stream) {
-        Some(msg) => Err(job.error(job.insert.pos, msg)),
+        Some(msg) => Err(job.error(pos, msg)),
         None => Ok(()),
     }
 }
@@ -262,8 +264,33 @@ INSERT INTO out SELECT event_id, CAST(ts AS DATE) AS day FROM events WHERE amoun
         let out = job.table("out").unwrap();
         assert_eq!(out.partition_cols, vec!["day"]);
         assert!(out.schema.is_none());
-        assert_eq!(job.insert.target, "out");
-        assert_eq!(job.insert.pos.line, 7);
+        assert_eq!(job.inserts.len(), 1);
+        assert_eq!(job.inserts[0].target, "out");
+        assert_eq!(job.inserts[0].pos.line, 7);
+    }
+
+    #[tokio::test]
+    async fn a_job_may_insert_into_several_tables_but_each_once() {
+        let two = format!(
+            "{JOB}CREATE EXTERNAL TABLE big STORED AS DELTA LOCATION 'big/';\n\
+             INSERT INTO big SELECT event_id FROM events WHERE amount > 100;\n"
+        );
+        let job = parse_job("job.sql", &two).await.unwrap();
+        let targets: Vec<&str> = job.inserts.iter().map(|i| i.target.as_str()).collect();
+        assert_eq!(targets, ["out", "big"]);
+        assert_eq!(job.inserts[1].pos.line, 9);
+
+        let twice = format!("{JOB}INSERT INTO OUT SELECT event_id, NULL FROM events;\n");
+        let err = parse_job("job.sql", &twice).await.unwrap_err().to_string();
+        assert!(
+            err.starts_with("job.sql:8:") && err.contains("inserts into OUT twice"),
+            "{err}"
+        );
+
+        let own = "CREATE UNBOUNDED EXTERNAL TABLE e (a INT) STORED AS JSON LOCATION 'x';\n\
+                   INSERT INTO e SELECT a FROM e;";
+        let err = parse_job("j.sql", own).await.unwrap_err().to_string();
+        assert!(err.contains("cannot read its own output"), "{err}");
     }
 
     #[tokio::test]

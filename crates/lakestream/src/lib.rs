@@ -51,10 +51,10 @@
 
 pub use lakestream_engine::{
     BatchProgress, DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error,
-    ErrorKind, EventTime, FailPoint, MAX_DURATION, OutputMode, PROGRESS_EVENTS_BUFFER,
-    QueryBuilder, QueryHandle, QuerySummary, Result, SourceProgress, StateProgress, StopHandle,
-    Trigger, checkpoint, connectors, job, lineage, metrics, parse_duration, parse_size, sink,
-    source, state, storage,
+    ErrorKind, EventTime, FailPoint, MAX_DURATION, Output, OutputMode, OutputProgress,
+    PROGRESS_EVENTS_BUFFER, QueryBuilder, QueryHandle, QuerySummary, Result, SourceProgress,
+    StateProgress, StopHandle, Trigger, checkpoint, connectors, job, lineage, metrics,
+    parse_duration, parse_size, sink, source, state, storage,
 };
 
 /// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own

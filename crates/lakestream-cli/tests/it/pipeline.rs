@@ -251,3 +251,176 @@ fn raw_clean_per_minute_chain_through_sigkills_equals_a_batch_computation() {
         assert!(o.status.success(), "verify {ckpt}: {}", text(&o));
     }
 }
+
+/// One read of `events`, three outputs: every kept event, the large ones,
+/// and a running total per user (update mode).
+const SPLIT_JOB: &str = "CREATE UNBOUNDED EXTERNAL TABLE events (\n  event_id VARCHAR NOT NULL, user_id BIGINT, event_type VARCHAR, amount DOUBLE, ts TIMESTAMP\n) STORED AS JSON LOCATION 'in/' OPTIONS ('max_files_per_trigger' '2');\n\
+CREATE EXTERNAL TABLE clean STORED AS DELTA LOCATION 'clean';\n\
+CREATE EXTERNAL TABLE big STORED AS DELTA LOCATION 'big';\n\
+CREATE EXTERNAL TABLE per_user STORED AS DELTA LOCATION 'per_user' OPTIONS ('output_mode' 'update');\n\
+INSERT INTO clean SELECT event_id, user_id, amount, ts FROM events WHERE amount > 0;\n\
+INSERT INTO big SELECT event_id, amount FROM events WHERE amount > 5;\n\
+INSERT INTO per_user SELECT user_id, count(*) AS n, sum(amount) AS total FROM events GROUP BY user_id;\n";
+
+/// The three tables of [`SPLIT_JOB`] hold exactly what a batch
+/// computation over every input file gives.
+fn assert_split_tables(dir: &Path, kept: &[String]) {
+    assert_exactly_once(&read_py(&dir.join("clean")), kept);
+    let big: Vec<String> = {
+        let mut v = ids(&read_py(&dir.join("big")));
+        v.sort();
+        v
+    };
+    let expected_big: Vec<String> = query(
+        dir,
+        "SELECT event_id FROM 'clean' WHERE amount > 5 ORDER BY event_id",
+    )
+    .iter()
+    .map(|r| r["event_id"].as_str().unwrap().to_string())
+    .collect();
+    assert!(!expected_big.is_empty());
+    assert_eq!(big, expected_big, "big: every large event exactly once");
+    // Every event counts for its user, the negative ones too.
+    let streamed = query(
+        dir,
+        "SELECT user_id, n, total FROM 'per_user' ORDER BY user_id",
+    );
+    let mut by_user: std::collections::BTreeMap<i64, (i64, f64)> = Default::default();
+    for f in std::fs::read_dir(dir.join("in")).unwrap() {
+        let body = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        for line in body.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let e = by_user.entry(v["user_id"].as_i64().unwrap()).or_default();
+            e.0 += 1;
+            e.1 += v["amount"].as_f64().unwrap();
+        }
+    }
+    let expected: Vec<serde_json::Value> = by_user
+        .iter()
+        .map(|(u, (n, t))| serde_json::json!({"user_id": u, "n": n, "total": t}))
+        .collect();
+    assert_eq!(
+        streamed, expected,
+        "per_user: the GROUP BY over every event"
+    );
+}
+
+#[test]
+fn one_job_writes_three_tables_from_one_read_exactly_once_through_sigkills() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut kept = write_events(&dir.join("in"), 0, 16, 10);
+    kept.sort();
+    std::fs::write(dir.join("job.sql"), SPLIT_JOB).unwrap();
+    let kills = kill_until_done(
+        dir,
+        &RUN_JOB,
+        &[],
+        6,
+        clock_seed(),
+        Duration::from_secs(240),
+    );
+    assert!(kills >= 2, "only {kills} kills landed");
+    assert_split_tables(dir, &kept);
+    // verify checks each output's table against the checkpoint.
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
+    assert!(o.status.success(), "verify: {}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tables: Vec<&str> = report["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["table"].as_str().unwrap().trim_end_matches('/'))
+        .collect();
+    assert_eq!(tables.len(), 3, "{report}");
+    assert!(
+        tables[0].ends_with("/clean") && tables[2].ends_with("/per_user"),
+        "{tables:?}"
+    );
+    for t in report["tables"].as_array().unwrap() {
+        assert_eq!(t["batches_in_table"], 8, "{t}");
+    }
+    // Each table's commits carry the batch's lineage and its own query.
+    let history = history_py(&dir.join("big"));
+    let info = history
+        .iter()
+        .find(|h| h["lakestream"]["batchId"] == 0)
+        .expect("batch 0 in big");
+    assert_eq!(info["lakestream"]["inputRows"], 20);
+    assert_ne!(
+        info["lakestream"]["sqlFingerprint"],
+        history_py(&dir.join("clean"))
+            .iter()
+            .find(|h| h["lakestream"]["batchId"] == 0)
+            .unwrap()["lakestream"]["sqlFingerprint"]
+    );
+}
+
+#[test]
+fn a_crash_between_two_outputs_commits_replays_only_the_missing_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut kept = write_events(&dir.join("in"), 0, 6, 10);
+    kept.sort();
+    std::fs::write(dir.join("job.sql"), SPLIT_JOB).unwrap();
+    // Batch 1 commits to clean, then the process dies before big.
+    let o = run_available_now(
+        dir,
+        "job.sql",
+        "ckpt",
+        &[("LAKESTREAM_FAIL_POINT", "after-commit:1".into())],
+        &[],
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let clean_batches: Vec<u64> = history_py(&dir.join("clean"))
+        .iter()
+        .filter_map(|h| h["lakestream"]["batchId"].as_u64())
+        .collect();
+    let big_batches: Vec<u64> = history_py(&dir.join("big"))
+        .iter()
+        .filter_map(|h| h["lakestream"]["batchId"].as_u64())
+        .collect();
+    assert!(clean_batches.contains(&1), "{clean_batches:?}");
+    assert!(!big_batches.contains(&1), "{big_batches:?}");
+
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &["--progress-json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let progress: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let replay = progress
+        .iter()
+        .find(|p| p["batch_id"] == 1)
+        .expect("batch 1 re-run");
+    assert_eq!(replay["recovered"], true);
+    let outputs = replay["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 3);
+    assert_eq!(outputs[0]["skipped"], true, "clean had it: {replay}");
+    assert_eq!(outputs[1]["skipped"], false, "big did not: {replay}");
+    assert_eq!(outputs[2]["skipped"], false, "nor per_user: {replay}");
+    assert_eq!(
+        replay["output_rows"],
+        outputs[1]["output_rows"].as_u64().unwrap() + outputs[2]["output_rows"].as_u64().unwrap()
+    );
+    assert_split_tables(dir, &kept);
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);
+    assert!(o.status.success(), "verify: {}", text(&o));
+    // Two aggregations in one job are refused before anything runs.
+    std::fs::write(
+        dir.join("two.sql"),
+        format!(
+            "{SPLIT_JOB}CREATE EXTERNAL TABLE per_type STORED AS DELTA LOCATION 'per_type' OPTIONS ('output_mode' 'complete');\n\
+             INSERT INTO per_type SELECT event_type, count(*) AS n FROM events GROUP BY event_type;\n"
+        ),
+    )
+    .unwrap();
+    let o = run_available_now(dir, "two.sql", "ck_two", &[], &[]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("two.sql:11:") && err.contains("one aggregation or deduplication"),
+        "{err}"
+    );
+    assert!(!dir.join("per_type").exists());
+}

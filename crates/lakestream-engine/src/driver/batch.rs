@@ -1,5 +1,6 @@
 //! One micro-batch: skip it if the table already holds it, else execute
-//! the plan over the batch's ranges, stage the output and commit it.
+//! each output's plan over the batch's ranges, stage its output and commit
+//! it (one commit per output, each with the batch id).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,9 +12,9 @@ use futures::StreamExt;
 use lakestream_checkpoint::{CommitEntry, OffsetsEntry};
 use lakestream_sink::{CommitInfo, CommitOutcome};
 
-use super::Driver;
+use super::{Driver, OutputPlan};
 use crate::lineage;
-use crate::progress::{BatchProgress, Durations, SourceProgress};
+use crate::progress::{BatchProgress, Durations, OutputProgress, SourceProgress};
 use crate::provider::{BatchRange, BatchScans, source_failure};
 use crate::stateful::StateProgress;
 use crate::{Error, FailPoint, Result};
@@ -39,7 +40,7 @@ impl Driver {
             name: self.run.name.clone(),
             batch_id,
             timestamp_ms: entry.batch_timestamp_ms,
-            sink: self.run.sink.clone(),
+            sink: self.outputs[0].identity.clone(),
             recovered,
             watermark_ms: entry.watermark_ms,
             ..Default::default()
@@ -74,17 +75,29 @@ impl Driver {
             }
         }
 
-        // A replayed batch that the table already holds is not executed.
-        if recovered
-            && let Some(done) = self.sink.committed_batch(&query_id).await?
-            && done >= batch_id
-        {
-            let version = self.sink.version().await?;
+        // A replayed batch is not executed for an output whose table holds
+        // it already (a crash between two outputs' commits, or after the
+        // last commit and before `commits/N`).
+        let n = self.outputs.len();
+        let mut versions: Vec<Option<u64>> = vec![None; n];
+        let mut already = vec![false; n];
+        if recovered {
+            for (i, o) in self.outputs.iter().enumerate() {
+                if let Some(done) = o.sink.committed_batch(&query_id).await?
+                    && done >= batch_id
+                {
+                    already[i] = true;
+                    versions[i] = o.sink.version().await?;
+                }
+            }
+        }
+        if already.iter().all(|a| *a) {
             self.ckpt
-                .write_commit(&CommitEntry::new(batch_id, version, true))
+                .write_commit(&self.commit_entry(batch_id, &versions, true))
                 .await?;
             progress.skipped = true;
-            progress.table_version = version;
+            progress.table_version = versions[0];
+            progress.outputs = self.output_progress(&versions, &already, &[]);
             progress.durations.total_ms = ms(t0.elapsed());
             return Ok(progress);
         }
@@ -116,10 +129,168 @@ impl Driver {
                 }
             }
         }
-        let scans = Arc::new(scans);
         let t_exec = Instant::now();
-        let (staged, state) = self.execute(batch_id, entry, scans.clone()).await?;
-        progress.state = state;
+        // Several outputs to write: the input is read once, for all.
+        if already.iter().filter(|a| !**a).count() > 1 {
+            scans
+                .materialize(&self.tables)
+                .await
+                .map_err(|source| Error::SourceInBatch { batch_id, source })?;
+        }
+        let scans = Arc::new(scans);
+        let mut exec_time = t_exec.elapsed();
+        let mut commit_time = Duration::ZERO;
+        let mut written: Vec<(u64, usize, u64)> = vec![(0, 0, 0); n];
+        let mut meta: Option<serde_json::Map<String, serde_json::Value>> = None;
+        let mut first_commit = true;
+        for (i, output) in self.outputs.iter().enumerate() {
+            if already[i] {
+                continue;
+            }
+            let t_out = Instant::now();
+            let (staged, state) = self.execute(batch_id, entry, scans.clone(), output).await?;
+            if state.is_some() {
+                progress.state = state;
+            }
+            exec_time += t_out.elapsed();
+            // The input is all read once the first output ran.
+            if meta.is_none() {
+                meta = Some(self.input_summary(entry, &scans, &mut progress));
+            }
+            if first_commit {
+                self.fail(FailPoint::AfterFiles, batch_id)?;
+            }
+            let t_commit = Instant::now();
+            let mut meta = meta.clone().expect("set above");
+            meta.insert("sqlFingerprint".into(), output.fingerprint.clone().into());
+            meta.insert("outputRows".into(), staged.rows.into());
+            let (rows, files, bytes) = (staged.rows, staged.files, staged.bytes);
+            let retries_before = output.sink.commit_retries();
+            let outcome = output
+                .sink
+                .commit(
+                    staged,
+                    &CommitInfo {
+                        query_id: query_id.clone(),
+                        batch_id,
+                        metadata: meta,
+                        write: match &self.stateful {
+                            Some(st) if output.stateful => st.write_mode(),
+                            _ => Default::default(),
+                        },
+                    },
+                )
+                .await?;
+            progress.commit_retries += output.sink.commit_retries().saturating_sub(retries_before);
+            commit_time += t_commit.elapsed();
+            versions[i] = Some(outcome.version());
+            if matches!(outcome, CommitOutcome::AlreadyCommitted { .. }) {
+                already[i] = true;
+            } else {
+                written[i] = (rows, files, bytes);
+            }
+            // With several outputs, this is between two outputs' commits.
+            if first_commit {
+                first_commit = false;
+                self.fail(FailPoint::AfterCommit, batch_id)?;
+            }
+        }
+        if meta.is_none() {
+            // Every output found the batch in its table on commit.
+            self.input_summary(entry, &scans, &mut progress);
+        }
+        let skipped = already.iter().all(|a| *a);
+        let t_mark = Instant::now();
+        self.ckpt
+            .write_commit(&self.commit_entry(batch_id, &versions, skipped))
+            .await?;
+        commit_time += t_mark.elapsed();
+        for t in &self.tables {
+            if let Some(r) = entry.sources.get(t.source().name())
+                && !r.end.is_null()
+                && let Err(e) = t.source().committed(&r.end).await
+            {
+                tracing::warn!(source = t.source().name(), error = %e, "source commit hook failed");
+            }
+        }
+
+        let total = plan_time + wa_time + t0.elapsed();
+        progress.skipped = skipped;
+        for (rows, files, bytes) in &written {
+            progress.output_rows += rows;
+            progress.output_files += files;
+            progress.output_bytes += bytes;
+        }
+        progress.table_version = versions[0];
+        progress.outputs = self.output_progress(&versions, &already, &written);
+        progress.durations = Durations {
+            plan_ms: ms(plan_time),
+            write_ahead_ms: ms(wa_time),
+            execute_ms: ms(exec_time),
+            commit_ms: ms(commit_time),
+            total_ms: ms(total),
+        };
+        progress.rows_per_second = if total.as_secs_f64() > 0.0 {
+            progress.input_rows as f64 / total.as_secs_f64()
+        } else {
+            0.0
+        };
+        progress.input_rows_per_second = match since_last {
+            Some(d) if d.as_secs_f64() > 0.0 => progress.input_rows as f64 / d.as_secs_f64(),
+            _ => 0.0,
+        };
+        Ok(progress)
+    }
+
+    /// `commits/N`: the first output's table version, and the others' by
+    /// their identity.
+    fn commit_entry(&self, batch_id: u64, versions: &[Option<u64>], skipped: bool) -> CommitEntry {
+        let mut entry = CommitEntry::new(batch_id, versions[0], skipped);
+        for (o, v) in self.outputs.iter().zip(versions).skip(1) {
+            if let Some(v) = v {
+                entry.outputs.insert(o.identity.clone(), *v);
+            }
+        }
+        entry
+    }
+
+    /// Each output's part of the batch, when the query has several.
+    fn output_progress(
+        &self,
+        versions: &[Option<u64>],
+        already: &[bool],
+        written: &[(u64, usize, u64)],
+    ) -> Vec<OutputProgress> {
+        if self.outputs.len() < 2 {
+            return Vec::new();
+        }
+        self.outputs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let (rows, files, bytes) = written.get(i).copied().unwrap_or_default();
+                OutputProgress {
+                    sink: o.identity.clone(),
+                    output_rows: rows,
+                    output_files: files,
+                    output_bytes: bytes,
+                    table_version: versions[i],
+                    skipped: already[i],
+                }
+            })
+            .collect()
+    }
+
+    /// What the batch read, once its scans ran: input rows, skipped input
+    /// and the largest event time into `progress`; and the commit metadata
+    /// every output's commit carries (ranges read, engine, counts).
+    fn input_summary(
+        &self,
+        entry: &OffsetsEntry,
+        scans: &BatchScans,
+        progress: &mut BatchProgress,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        let batch_id = entry.batch_id;
         let mut skipped_input = BTreeMap::new();
         for t in &self.tables {
             let rows = scans.rows(t.source().name());
@@ -138,10 +309,6 @@ impl Driver {
             .iter()
             .filter_map(|t| scans.event_time_max_ms(t.source().name()))
             .max();
-        let exec_time = t_exec.elapsed();
-        self.fail(FailPoint::AfterFiles, batch_id)?;
-
-        let t_commit = Instant::now();
         let mut meta = serde_json::Map::new();
         meta.insert(
             "sources".into(),
@@ -191,82 +358,20 @@ impl Driver {
             })
             .collect();
         meta.insert("ranges".into(), ranges.into());
-        meta.insert("sqlFingerprint".into(), self.run.fingerprint.clone().into());
         meta.insert("inputRows".into(), progress.input_rows.into());
-        meta.insert("outputRows".into(), staged.rows.into());
         if let Some(w) = entry.watermark_ms {
             meta.insert("watermarkMs".into(), w.into());
         }
-        let (rows, files, bytes) = (staged.rows, staged.files, staged.bytes);
-        let retries_before = self.sink.commit_retries();
-        let outcome = self
-            .sink
-            .commit(
-                staged,
-                &CommitInfo {
-                    query_id,
-                    batch_id,
-                    metadata: meta,
-                    write: self
-                        .stateful
-                        .as_ref()
-                        .map(|s| s.write_mode())
-                        .unwrap_or_default(),
-                },
-            )
-            .await?;
-        progress.commit_retries = self.sink.commit_retries().saturating_sub(retries_before);
-        self.fail(FailPoint::AfterCommit, batch_id)?;
-        let skipped = matches!(outcome, CommitOutcome::AlreadyCommitted { .. });
-        self.ckpt
-            .write_commit(&CommitEntry::new(
-                batch_id,
-                Some(outcome.version()),
-                skipped,
-            ))
-            .await?;
-        let commit_time = t_commit.elapsed();
-        for t in &self.tables {
-            if let Some(r) = entry.sources.get(t.source().name())
-                && !r.end.is_null()
-                && let Err(e) = t.source().committed(&r.end).await
-            {
-                tracing::warn!(source = t.source().name(), error = %e, "source commit hook failed");
-            }
-        }
-
-        let total = plan_time + wa_time + t0.elapsed();
-        progress.skipped = skipped;
-        if !skipped {
-            progress.output_rows = rows;
-            progress.output_files = files;
-            progress.output_bytes = bytes;
-        }
-        progress.table_version = Some(outcome.version());
-        progress.durations = Durations {
-            plan_ms: ms(plan_time),
-            write_ahead_ms: ms(wa_time),
-            execute_ms: ms(exec_time),
-            commit_ms: ms(commit_time),
-            total_ms: ms(total),
-        };
-        progress.rows_per_second = if total.as_secs_f64() > 0.0 {
-            progress.input_rows as f64 / total.as_secs_f64()
-        } else {
-            0.0
-        };
-        progress.input_rows_per_second = match since_last {
-            Some(d) if d.as_secs_f64() > 0.0 => progress.input_rows as f64 / d.as_secs_f64(),
-            _ => 0.0,
-        };
-        Ok(progress)
+        meta
     }
 
+    /// Run `output`'s plan over the batch and stage what it writes.
     async fn execute(
         &self,
         batch_id: u64,
         entry: &OffsetsEntry,
         scans: Arc<BatchScans>,
+        output: &OutputPlan,
     ) -> Result<(lakestream_sink::Staged, Option<StateProgress>)> {
         let exec_err = move |e| batch_error(batch_id, e);
         let mut state = self.ctx.state();
@@ -276,13 +381,15 @@ impl Driver {
         state.execution_props_mut().query_execution_start_time =
             chrono::DateTime::from_timestamp_millis(entry.batch_timestamp_ms);
         let mut physical = state
-            .create_physical_plan(&self.plan)
+            .create_physical_plan(&output.plan)
             .await
             .map_err(exec_err)?;
         // The aggregation runs (and its state is committed, durably) before
         // the rest of the plan writes the batch's output.
         let mut state_progress = None;
-        if let Some(st) = &self.stateful {
+        if output.stateful
+            && let Some(st) = &self.stateful
+        {
             let (plan, p) = st
                 .run(
                     batch_id,
@@ -306,7 +413,7 @@ impl Driver {
         let streams = execute_stream_partitioned(physical, state.task_ctx()).map_err(exec_err)?;
         let mut tasks = tokio::task::JoinSet::new();
         for mut stream in streams {
-            let sink = self.sink.clone();
+            let sink = output.sink.clone();
             tasks.spawn(async move {
                 let mut writer = sink.begin(batch_id).await?;
                 while let Some(batch) = stream.next().await {
@@ -330,7 +437,7 @@ impl Driver {
         }
         let staged = match staged {
             Some(s) => s,
-            None => self.sink.begin(batch_id).await?.finish().await?,
+            None => output.sink.begin(batch_id).await?.finish().await?,
         };
         Ok((staged, state_progress))
     }

@@ -29,24 +29,37 @@ use crate::{Error, FailPoint, PROGRESS_EVENTS_BUFFER, Result, Trigger};
 use recover::Recovered;
 use wait::{next_trigger, retry_transient, wait};
 
-/// A prepared query: its tables, plan, sink and checkpoint.
+/// A prepared query: its tables, outputs and checkpoint.
 pub(crate) struct Driver {
     pub(crate) ctx: SessionContext,
     pub(crate) tables: Vec<Arc<MicroBatchTable>>,
-    pub(crate) plan: LogicalPlan,
-    pub(crate) sink: Arc<dyn Sink>,
+    /// What each batch writes, in order (at least one).
+    pub(crate) outputs: Vec<OutputPlan>,
     pub(crate) ckpt: Checkpoint,
     pub(crate) trigger: Trigger,
     pub(crate) poll: Duration,
     pub(crate) snapshot_interval: u64,
     pub(crate) min_batches_to_retain: u64,
     pub(crate) fail_point: Option<(FailPoint, u64)>,
-    /// The query's aggregation, when it has one.
+    /// The query's aggregation, when it has one (in the output whose
+    /// `stateful` is set).
     pub(crate) stateful: Option<StatefulAggregate>,
     /// What progress and lineage say of this run.
     pub(crate) run: RunInfo,
     /// Where batches are reported as Prometheus series, if anywhere.
     pub(crate) metrics: Option<Arc<crate::metrics::Metrics>>,
+}
+
+/// One output of the query: its plan over the batch and its sink.
+pub(crate) struct OutputPlan {
+    pub(crate) plan: LogicalPlan,
+    pub(crate) sink: Arc<dyn Sink>,
+    /// [`crate::lineage::sql_fingerprint`] of its query.
+    pub(crate) fingerprint: String,
+    /// What the sink writes to.
+    pub(crate) identity: String,
+    /// Whether the query's aggregation runs in this output.
+    pub(crate) stateful: bool,
 }
 
 /// What progress and lineage say of a run besides its batches.
@@ -55,10 +68,6 @@ pub(crate) struct RunInfo {
     pub(crate) run_id: String,
     /// The query's name, if any.
     pub(crate) name: Option<String>,
-    /// [`crate::lineage::sql_fingerprint`] of the query.
-    pub(crate) fingerprint: String,
-    /// What the sink writes to.
-    pub(crate) sink: String,
 }
 
 impl Driver {
@@ -248,9 +257,11 @@ impl Driver {
         if let Some(w) = progress_write {
             let _ = w.await;
         }
-        self.sink.flush().await;
+        for o in &self.outputs {
+            o.sink.flush().await;
+        }
         if summary.table_version.is_none() {
-            summary.table_version = self.sink.version().await?;
+            summary.table_version = self.outputs[0].sink.version().await?;
         }
         Ok(summary)
     }

@@ -224,6 +224,145 @@ async fn a_commit_whose_answer_was_lost_fails_the_run_and_the_restart_skips_the_
     assert_eq!(seen.len(), 1000);
 }
 
+/// `rows` generated events, 250 a batch, into two outputs: every event id
+/// into `all`, the positive ones (id and amount) into `positive`.
+fn all_and_positive(
+    dir: &std::path::Path,
+    rows: u64,
+    all: &lakestream::sink::memory::MemorySink,
+    positive: &lakestream::sink::memory::MemorySink,
+) -> QueryBuilder {
+    QueryBuilder::new()
+        .source(generator(rows, 250))
+        .unwrap()
+        .sql("SELECT event_id FROM events")
+        .sink(Arc::new(all.clone()))
+        .output(lakestream::Output::sql(
+            "SELECT event_id, amount FROM events WHERE amount > 0",
+            Arc::new(positive.clone()),
+        ))
+        .checkpoint(dir.join("ckpt").to_str().unwrap())
+        .trigger(Trigger::AvailableNow)
+}
+
+#[tokio::test]
+async fn several_outputs_each_hold_every_batch_once_whichever_commit_fails() {
+    use lakestream::sink::memory::MemorySink;
+    let dir = tempfile::tempdir().unwrap();
+    let (all, positive) = (MemorySink::new("all"), MemorySink::new("positive"));
+    let query =
+        |all: &MemorySink, positive: &MemorySink| all_and_positive(dir.path(), 1000, all, positive);
+    // Batch 0 reaches `all` only; then batch 1's commit to `positive`
+    // fails after landing (its answer lost).
+    let first = query(&all, &positive)
+        .fail_point(FailPoint::AfterCommit, 0)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(first, Error::InjectedFault { batch_id: 0, .. }),
+        "{first}"
+    );
+    assert_eq!(all.commits().len(), 1);
+    assert_eq!(positive.commits().len(), 0);
+    let mut handle = query(&all, &positive).start().await.unwrap();
+    let mut events = handle.take_progress_events().unwrap();
+    let summary = handle.await_termination().await.unwrap();
+    assert_eq!(summary.batches, 4);
+    let replay = events.recv().await.unwrap();
+    assert!(replay.recovered && !replay.skipped, "{replay:?}");
+    assert!(
+        replay.outputs[0].skipped && !replay.outputs[1].skipped,
+        "{replay:?}"
+    );
+    assert_eq!(replay.output_rows, replay.outputs[1].output_rows);
+    assert_eq!(
+        all.commits().iter().map(|c| c.batch_id).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    assert_eq!(
+        positive
+            .commits()
+            .iter()
+            .map(|c| c.batch_id)
+            .collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    assert_eq!(all.rows(), 1000);
+    let positive_ids = |sink: &MemorySink| {
+        let mut ids = Vec::new();
+        for b in sink.batches() {
+            assert_eq!(b.num_columns(), 2);
+            ids.extend(
+                b.column(0)
+                    .as_string::<i32>()
+                    .iter()
+                    .flatten()
+                    .map(str::to_string),
+            );
+        }
+        ids
+    };
+    let ids = positive_ids(&positive);
+    let unique: std::collections::HashSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "a row twice in positive");
+    assert!(!ids.is_empty() && ids.len() < 1000, "{}", ids.len());
+
+    // A second run over new input: the lost answer of `positive`'s commit
+    // fails the run; the restart commits the batch to `all` only once more.
+    let dir2 = tempfile::tempdir().unwrap();
+    let (all2, positive2) = (MemorySink::new("all"), MemorySink::new("positive"));
+    let query2 = || all_and_positive(dir2.path(), 500, &all2, &positive2);
+    positive2.lose_next_commit_response();
+    let lost = query2().run().await.unwrap_err();
+    assert!(lost.to_string().contains("batch 0"), "{lost}");
+    query2().run().await.unwrap();
+    assert_eq!(
+        all2.commits()
+            .iter()
+            .map(|c| c.batch_id)
+            .collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert_eq!(
+        positive2
+            .commits()
+            .iter()
+            .map(|c| c.batch_id)
+            .collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert_eq!(all2.rows(), 500);
+}
+
+#[tokio::test]
+async fn two_outputs_into_one_sink_are_refused() {
+    use lakestream::Output;
+    use lakestream::sink::memory::MemorySink;
+    let dir = tempfile::tempdir().unwrap();
+    let sink = MemorySink::new("out");
+    let err = QueryBuilder::new()
+        .source(generator(10, 10))
+        .unwrap()
+        .sql("SELECT event_id FROM events")
+        .sink(Arc::new(sink.clone()))
+        .output(Output::sql(
+            "SELECT event_id FROM events",
+            Arc::new(sink.clone()),
+        ))
+        .checkpoint(dir.path().join("ckpt").to_str().unwrap())
+        .trigger(Trigger::AvailableNow)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("two outputs of the query write to"),
+        "{err}"
+    );
+    assert!(sink.commits().is_empty());
+}
+
 #[tokio::test]
 async fn a_windowed_count_writes_each_window_once_when_the_watermark_passes_it() {
     use lakestream::sink::memory::MemorySink;
