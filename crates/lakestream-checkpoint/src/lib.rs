@@ -154,6 +154,12 @@ pub struct QueryRecord {
     /// several `INSERT`s); empty for one output.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<String>,
+    /// What the query's dead-letter tables are (records its sources could
+    /// not decode). They hold only the batches that rejected something, so
+    /// gaps in their batch ids are expected. Adding or removing one is not
+    /// a change of the query.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dead_letters: Vec<String>,
 }
 
 impl QueryRecord {
@@ -164,7 +170,14 @@ impl QueryRecord {
             sources,
             sink,
             outputs: Vec::new(),
+            dead_letters: Vec::new(),
         }
+    }
+
+    /// The record with the query's dead-letter tables.
+    pub fn with_dead_letters(mut self, dead_letters: Vec<String>) -> Self {
+        self.dead_letters = dead_letters;
+        self
     }
 
     /// The record with the query's further outputs.
@@ -465,6 +478,12 @@ impl Checkpoint {
         if let Some(recorded) = read_entry::<QueryRecord>(&self.location, "query").await? {
             let differences = record.differences(&recorded);
             if differences.is_empty() {
+                if record.dead_letters != recorded.dead_letters {
+                    // Dead-letter tables came or went: recorded so `verify`
+                    // finds them; no offset changes meaning.
+                    let path = self.location.child("query");
+                    return put_json(&self.location, &path, record, PutMode::Overwrite).await;
+                }
                 return Ok(());
             }
             if self.offset_ids().await?.is_empty() {

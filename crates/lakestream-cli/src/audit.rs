@@ -287,6 +287,10 @@ pub(crate) async fn verify(
         .as_ref()
         .map(|r| r.all_outputs().map(str::to_string).collect())
         .unwrap_or_default();
+    let dead_letters: Vec<String> = record
+        .as_ref()
+        .map(|r| r.dead_letters.clone())
+        .unwrap_or_default();
     let url_of = |identity: &str| -> anyhow::Result<String> {
         Ok(identity
             .strip_prefix("delta ")
@@ -300,6 +304,7 @@ pub(crate) async fn verify(
             let wanted = Location::parse(t, options)?.url().to_string();
             let identity = outputs
                 .iter()
+                .chain(&dead_letters)
                 .find(|o| {
                     url_of(o)
                         .ok()
@@ -315,7 +320,7 @@ pub(crate) async fn verify(
             if outputs.is_empty() {
                 bail!("the checkpoint does not record its table yet; pass --table");
             }
-            for o in &outputs {
+            for o in outputs.iter().chain(&dead_letters) {
                 tables.push((url_of(o)?, o.clone()));
             }
         }
@@ -323,7 +328,13 @@ pub(crate) async fn verify(
     let sink = outputs.first().cloned().unwrap_or_default();
     let mut reports = Vec::new();
     for (url, identity) in &tables {
-        reports.push(verify_table(&view, checkpoint, url, identity, &sink, strict, options).await?);
+        let check = TableCheck {
+            identity,
+            sink: &sink,
+            dead_letters: dead_letters.contains(identity),
+            strict,
+        };
+        reports.push(verify_table(&view, checkpoint, url, &check, options).await?);
     }
     let clean = reports.iter().all(|r| r.errors.is_empty());
     if json_out {
@@ -363,17 +374,28 @@ pub(crate) async fn verify(
     Ok(clean)
 }
 
-/// Check one output's table, written by output `identity` (`sink`: the
-/// query's first output), against the checkpoint `view`.
+/// Which output a table is, for [`verify_table`].
+struct TableCheck<'a> {
+    /// The output's identity (`delta <url>`).
+    identity: &'a str,
+    /// The query's first output's identity.
+    sink: &'a str,
+    /// A dead-letter table: it holds only the batches that rejected
+    /// records, so gaps in batch ids and ranges are expected.
+    dead_letters: bool,
+    /// Orphan files are errors.
+    strict: bool,
+}
+
+/// Check one output's table against the checkpoint `view`.
 async fn verify_table(
     view: &CheckpointView,
     checkpoint: &str,
     table_url: &str,
-    identity: &str,
-    sink: &str,
-    strict: bool,
+    check: &TableCheck<'_>,
     options: &HashMap<String, String>,
 ) -> anyhow::Result<Report> {
+    let (identity, sink, strict) = (check.identity, check.sink, check.strict);
     let query_id = view.metadata().query_id.to_string();
     let table_url = table_url.to_string();
     let table = load(&table_url, options).await?;
@@ -432,7 +454,9 @@ async fn verify_table(
             ));
         }
     }
-    if let (Some(&first), Some(&last)) = (by_batch.keys().next(), by_batch.keys().last()) {
+    if !check.dead_letters
+        && let (Some(&first), Some(&last)) = (by_batch.keys().next(), by_batch.keys().last())
+    {
         let from = if r.first_version == 0 { 0 } else { first };
         let missing: Vec<String> = (from..=last)
             .filter(|b| !by_batch.contains_key(b))
@@ -497,7 +521,8 @@ async fn verify_table(
         };
         for (source, range) in ranges {
             let (start, end) = (&range["start"], &range["end"]);
-            if let Some((pb, prev)) = last_end.get(source)
+            if !check.dead_letters
+                && let Some((pb, prev)) = last_end.get(source)
                 && !same_offset(start, prev)
             {
                 r.errors.push(format!(

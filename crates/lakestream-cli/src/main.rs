@@ -433,7 +433,11 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("LAKESTREAM_LOG").unwrap_or_else(
                 |_| // delta-kernel logs an ERROR while probing a location that
                 // holds no table yet, which is the normal first run.
-                tracing_subscriber::EnvFilter::new("warn,buoyant_kernel::snapshot::builder=off"),
+                // delta-rs warns that it keeps no statistics of a binary
+                // column at every commit of a dead-letter table.
+                tracing_subscriber::EnvFilter::new(
+                    "warn,buoyant_kernel::snapshot::builder=off,deltalake_core::writer::stats=error",
+                ),
             ),
         )
         .with_writer(std::io::stderr)

@@ -149,6 +149,27 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
                 .await?;
             builder = builder.source(source)?;
             builder = event_time(&job, t, builder)?;
+            if let Some(location) = t.options.get("dead_letter_location") {
+                // Under a scratch output location, the dead letters too.
+                let location = match &options.output_location {
+                    Some(out) => format!("{}/_dead_letters_{}", out.trim_end_matches('/'), t.name),
+                    None => location.clone(),
+                };
+                let sink = lakestream_sink::delta::DeltaSink::try_new(
+                    &location,
+                    lakestream_sink::delta::DeltaSinkOptions {
+                        storage_options: table_store_options(t, &options.storage_options),
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| {
+                    job.error(
+                        t.pos,
+                        format!("dead_letter_location {location:?} of {}: {e}", t.name),
+                    )
+                })?;
+                builder = builder.dead_letters(&t.name, Arc::new(sink));
+            }
         } else {
             register_static(&job, t, builder.context(), &options.storage_options).await?;
         }

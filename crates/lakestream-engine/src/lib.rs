@@ -13,6 +13,7 @@
 //! gracefully and await the end. Only the engine decides retries and order:
 //! sources plan and read, sinks write and commit, the checkpoint records.
 
+pub mod dead_letter;
 mod driver;
 pub mod job;
 pub mod lineage;

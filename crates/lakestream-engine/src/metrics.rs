@@ -71,6 +71,7 @@ pub struct Metrics {
     batches: Family<Query, Counter>,
     batches_skipped: Family<Query, Counter>,
     input_rows: Family<Source, Counter>,
+    dead_letters: Family<Source, Counter>,
     output_rows: Family<Query, Counter>,
     output_files: Family<Query, Counter>,
     output_bytes: Family<Query, Counter>,
@@ -109,6 +110,7 @@ impl Metrics {
             batches: Family::default(),
             batches_skipped: Family::default(),
             input_rows: Family::default(),
+            dead_letters: Family::default(),
             output_rows: Family::default(),
             output_files: Family::default(),
             output_bytes: Family::default(),
@@ -131,6 +133,11 @@ impl Metrics {
             "lakestream_batches",
             "Micro-batches completed (committed, or found already in the table)",
             m.batches.clone(),
+        );
+        registry.register(
+            "lakestream_dead_letter_records",
+            "Records a source could not decode, written to the dead-letter table instead",
+            m.dead_letters.clone(),
         );
         registry.register(
             "lakestream_batches_skipped",
@@ -290,6 +297,9 @@ impl Metrics {
                 source: name.clone(),
             };
             self.input_rows.get_or_create(&src).inc_by(s.input_rows);
+            if s.dead_letters > 0 {
+                self.dead_letters.get_or_create(&src).inc_by(s.dead_letters);
+            }
             for (part, lag) in &s.lag {
                 self.kafka_lag
                     .get_or_create(&Partition {

@@ -32,6 +32,10 @@ pub struct SourceProgress {
     pub description: String,
     /// Rows read from this source.
     pub input_rows: u64,
+    /// Records of this source that could not be decoded and went to the
+    /// dead-letter table (`on_error 'dead_letter'`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dead_letters: u64,
     /// How far the source is through the input it knows of, when it can
     /// tell (files: taken and listed, with bytes).
     pub backlog: Option<lakestream_source::Backlog>,
@@ -164,6 +168,9 @@ impl BatchProgress {
                 v.skipped
                     .iter()
                     .map(move |x| format!("; {k} skipped {}: {}", x.what, x.reason))
+                    .chain((v.dead_letters > 0).then(|| {
+                        format!("; {k}: {} records to the dead-letter table", v.dead_letters)
+                    }))
             })
             .collect();
         let done: Vec<String> = self
@@ -258,6 +265,9 @@ impl BatchProgress {
                 if !s.skipped.is_empty() {
                     o["skipped"] = json!(s.skipped);
                 }
+                if s.dead_letters > 0 {
+                    o["deadLetters"] = json!(s.dead_letters);
+                }
                 o
             })
             .collect();
@@ -327,6 +337,10 @@ impl BatchProgress {
         }
         sum
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `done` of `total` as a percentage of bytes, such as "42% of bytes".

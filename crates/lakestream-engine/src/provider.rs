@@ -106,39 +106,68 @@ impl BatchScans {
         tables: &[Arc<MicroBatchTable>],
     ) -> Result<(), Arc<lakestream_source::Error>> {
         for t in tables {
-            let name = t.source().name();
-            let Some(BatchRange {
-                start,
-                end: Some(end),
-            }) = self.ranges.get(name)
-            else {
-                continue;
-            };
-            let streams = t
-                .source()
-                .read(start.as_ref(), end, t.partitions)
-                .map_err(Arc::new)?;
-            let rows = self.rows.get(name).cloned().unwrap_or_default();
-            let event_time = self.event_times.get(name).cloned();
-            let parts = futures::future::try_join_all(streams.into_iter().map(|s| {
-                let rows = rows.clone();
-                let event_time = event_time.clone();
-                async move {
-                    let batches: Vec<RecordBatch> = s.try_collect().await?;
-                    for b in &batches {
-                        rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-                        if let Some(et) = &event_time {
-                            et.observe(b);
-                        }
-                    }
-                    Ok::<_, lakestream_source::Error>(batches)
-                }
-            }))
-            .await
-            .map_err(Arc::new)?;
-            self.read.insert(name.to_string(), Arc::new(parts));
+            if let Some(parts) = self.read_range(t, true).await? {
+                self.read
+                    .insert(t.source().name().to_string(), Arc::new(parts));
+            }
         }
         Ok(())
+    }
+
+    /// Read every range of `tables` and drop the rows, counting them (a
+    /// replayed batch whose only missing output is its dead letters: the
+    /// sources reject records as they read).
+    pub(crate) async fn drain(
+        &self,
+        tables: &[Arc<MicroBatchTable>],
+    ) -> Result<(), Arc<lakestream_source::Error>> {
+        for t in tables {
+            self.read_range(t, false).await?;
+        }
+        Ok(())
+    }
+
+    /// Read `t`'s range in this batch, counting rows and event times; the
+    /// batches per partition when `keep`, `None` when it has no range.
+    async fn read_range(
+        &self,
+        t: &MicroBatchTable,
+        keep: bool,
+    ) -> Result<Option<Vec<Vec<RecordBatch>>>, Arc<lakestream_source::Error>> {
+        let name = t.source().name();
+        let Some(BatchRange {
+            start,
+            end: Some(end),
+        }) = self.ranges.get(name)
+        else {
+            return Ok(None);
+        };
+        let streams = t
+            .source()
+            .read(start.as_ref(), end, t.partitions)
+            .map_err(Arc::new)?;
+        let rows = self.rows.get(name).cloned().unwrap_or_default();
+        let event_time = self.event_times.get(name).cloned();
+        let parts = futures::future::try_join_all(streams.into_iter().map(|mut s| {
+            let rows = rows.clone();
+            let event_time = event_time.clone();
+            async move {
+                let mut batches = Vec::new();
+                while let Some(b) = s.try_next().await? {
+                    rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                    if let Some(et) = &event_time {
+                        et.observe(&b);
+                    }
+                    if keep {
+                        batches.push(b);
+                    }
+                }
+                Ok::<_, lakestream_source::Error>(batches)
+            }
+        }))
+        .await
+        .map_err(Arc::new)?;
+        Ok(Some(parts))
     }
 
     /// Rows the scans of source `name` have read so far.

@@ -16,7 +16,7 @@ use lakestream_source::Source;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::driver::{Driver, OutputPlan, RunInfo};
+use crate::driver::{Driver, OutputKind, OutputPlan, RunInfo};
 use crate::progress::BatchProgress;
 use crate::provider::{BatchScans, MicroBatchTable};
 use crate::stateful::{
@@ -86,6 +86,8 @@ pub struct QueryBuilder {
     /// Outputs besides the first (the one `sql`/`dataframe` and `sink`
     /// give).
     outputs: Vec<Output>,
+    /// Dead-letter sinks by source name.
+    dead_letters: Vec<(String, Arc<dyn Sink>)>,
 }
 
 /// A further output of a query ([`QueryBuilder::output`]): its own query
@@ -198,7 +200,17 @@ impl QueryBuilder {
             name: None,
             metrics: None,
             outputs: Vec::new(),
+            dead_letters: Vec::new(),
         }
+    }
+
+    /// Write the records the stream `source` could not decode to `sink`
+    /// (the source must set them aside: `on_error 'dead_letter'`), one
+    /// commit per batch that has any, with the batch id
+    /// ([`crate::dead_letter`] has the columns). Sources may share a sink.
+    pub fn dead_letters(mut self, source: &str, sink: Arc<dyn Sink>) -> Self {
+        self.dead_letters.push((source.to_string(), sink));
+        self
     }
 
     /// Write a further output each batch: another query over the same
@@ -524,7 +536,7 @@ impl QueryBuilder {
                 ));
             }
             outputs.push(OutputPlan {
-                plan,
+                kind: OutputKind::Query(plan),
                 sink: spec.sink,
                 fingerprint,
                 identity,
@@ -535,6 +547,49 @@ impl QueryBuilder {
             outputs[i].stateful = true;
             agg
         });
+        let first_dead_letter = outputs.len();
+        for (source, sink) in self.dead_letters {
+            let Some(t) = self
+                .tables
+                .iter()
+                .find(|t| t.source().name().eq_ignore_ascii_case(&source))
+            else {
+                return Err(user_error(
+                    first_pos,
+                    format!(
+                        "dead letters are set for {source}, which is not a stream of this query"
+                    ),
+                ));
+            };
+            let name = t.source().name().to_string();
+            let identity = sink.identity();
+            if let Some(o) = outputs[first_dead_letter..]
+                .iter_mut()
+                .find(|o| o.identity == identity)
+            {
+                // Several sources may share one dead-letter table.
+                if let OutputKind::DeadLetters(names) = &mut o.kind {
+                    names.push(name);
+                }
+                continue;
+            }
+            if outputs.iter().any(|o| o.identity == identity) {
+                return Err(user_error(
+                    first_pos,
+                    format!(
+                        "the dead letters of {name} go to {identity}, an output of the query: \
+                         give them a table of their own"
+                    ),
+                ));
+            }
+            outputs.push(OutputPlan {
+                kind: OutputKind::DeadLetters(vec![name]),
+                sink,
+                fingerprint: crate::lineage::sql_fingerprint("dead letters"),
+                identity,
+                stateful: false,
+            });
+        }
         let ckpt = Checkpoint::open(&checkpoint, &self.checkpoint_options).await?;
         // Before the sink creates anything: a checkpoint of another query
         // would apply its offsets to input they do not describe.
@@ -554,12 +609,25 @@ impl QueryBuilder {
                 .collect(),
             outputs[0].identity.clone(),
         )
-        .with_outputs(outputs[1..].iter().map(|o| o.identity.clone()).collect());
+        .with_outputs(
+            outputs[1..first_dead_letter]
+                .iter()
+                .map(|o| o.identity.clone())
+                .collect(),
+        )
+        .with_dead_letters(
+            outputs[first_dead_letter..]
+                .iter()
+                .map(|o| o.identity.clone())
+                .collect(),
+        );
         ckpt.check_query(&record).await?;
         for o in &outputs {
-            o.sink
-                .open(Arc::new(o.plan.schema().as_arrow().clone()))
-                .await?;
+            let schema = match &o.kind {
+                OutputKind::Query(plan) => Arc::new(plan.schema().as_arrow().clone()),
+                OutputKind::DeadLetters(_) => crate::dead_letter::schema(),
+            };
+            o.sink.open(schema).await?;
         }
         Ok(Driver {
             ctx: self.ctx,

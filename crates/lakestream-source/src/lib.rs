@@ -26,6 +26,7 @@ pub mod generator;
 pub mod kafka;
 
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -38,7 +39,9 @@ pub enum Error {
     /// A Kafka record could not be decoded.
     #[error(
         "source {source_name}: malformed record at topic {topic} partition {partition} offset \
-         {offset}: {reason}; the batch was not written and re-runs from the checkpoint"
+         {offset}: {reason}; the batch was not written and re-runs from the checkpoint; set \
+         undecodable records aside with OPTIONS ('on_error' 'dead_letter', \
+         'dead_letter_location' '<table>')"
     )]
     KafkaMalformed {
         /// The source's table name.
@@ -83,7 +86,8 @@ pub enum Error {
     #[error(
         "source {source_name}: malformed input in {file}{}: {reason}; fix the file and \
          restart (the checkpoint still points at this batch), or remove it and restart with \
-         OPTIONS ('missing_files' 'skip')",
+         OPTIONS ('missing_files' 'skip'), or set undecodable records aside with OPTIONS \
+         ('on_error' 'dead_letter', 'dead_letter_location' '<table>')",
         line.map(|l| format!(" at line {l}")).unwrap_or_default()
     )]
     Malformed {
@@ -225,6 +229,57 @@ pub struct Skipped {
     pub reason: String,
 }
 
+/// What a source does with a record it cannot turn into a row (malformed
+/// JSON, a value of the wrong type, NULL in a NOT NULL column, invalid
+/// UTF-8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// Fail the batch, naming the record (file and line, or topic,
+    /// partition and offset): nothing is committed and a restart tries
+    /// again.
+    #[default]
+    Fail,
+    /// Leave the record out of the batch and hand it over through
+    /// [`Source::take_rejected`]; the engine writes it to the query's
+    /// dead-letter table in the batch.
+    DeadLetter,
+}
+
+impl OnError {
+    /// The policy for an option value (`fail`, `dead_letter`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "fail" => Some(Self::Fail),
+            "dead_letter" => Some(Self::DeadLetter),
+            _ => None,
+        }
+    }
+}
+
+/// A record a read left out because it could not be turned into a row
+/// (with [`OnError::DeadLetter`]): where it was, its bytes and why.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Rejected {
+    /// The file it is in (file sources).
+    pub file: Option<String>,
+    /// Its line in the file, from 1 (text files).
+    pub line: Option<u64>,
+    /// Its topic (Kafka).
+    pub topic: Option<String>,
+    /// Its partition (Kafka).
+    pub partition: Option<i32>,
+    /// Its offset (Kafka).
+    pub offset: Option<i64>,
+    /// The record as read (a line without its newline, a message value).
+    pub record: Vec<u8>,
+    /// Why it could not be read.
+    pub error: String,
+}
+
+/// Where the reads of a batch put their rejected records, shared by the
+/// streams of one source.
+pub type Rejects = Arc<std::sync::Mutex<Vec<Rejected>>>;
+
 /// What a source reads, for the checkpoint's record of the query: a restart
 /// whose sources read something else is refused, since its offsets would
 /// not mean the same.
@@ -317,6 +372,14 @@ pub trait Source: Send + Sync + Debug {
     /// (drained: a second call returns nothing). Called by the engine after
     /// a batch executed, before its commit. The default: nothing.
     fn take_skipped(&self) -> Vec<Skipped> {
+        Vec::new()
+    }
+
+    /// The records the reads of the last batch could not turn into rows
+    /// and left out ([`OnError::DeadLetter`]), drained like
+    /// [`Source::take_skipped`]. A read of the same range rejects the same
+    /// records. The default: nothing.
+    fn take_rejected(&self) -> Vec<Rejected> {
         Vec::new()
     }
 

@@ -242,6 +242,19 @@ pub(crate) fn kill_until_done(
     panic!("the job never completed");
 }
 
+/// [`kill_until_done`] of [`RUN_JOB`] in `dir` with at most `max_kills`
+/// kills at clock-seeded moments, within 240 s; returns the kills landed.
+pub(crate) fn kill_run_job(dir: &Path, max_kills: usize) -> usize {
+    kill_until_done(
+        dir,
+        &RUN_JOB,
+        &[],
+        max_kills,
+        clock_seed(),
+        std::time::Duration::from_secs(240),
+    )
+}
+
 /// `lakestream run job.sql` to the end of the input, checkpointed at `ckpt`.
 pub(crate) const RUN_JOB: [&str; 6] = [
     "run",

@@ -7,6 +7,7 @@ mod bench_smoke;
 mod broker;
 mod common;
 mod crash;
+mod dead_letters;
 mod errors;
 mod faults;
 mod kafka;

@@ -312,14 +312,7 @@ fn one_job_writes_three_tables_from_one_read_exactly_once_through_sigkills() {
     let mut kept = write_events(&dir.join("in"), 0, 16, 10);
     kept.sort();
     std::fs::write(dir.join("job.sql"), SPLIT_JOB).unwrap();
-    let kills = kill_until_done(
-        dir,
-        &RUN_JOB,
-        &[],
-        6,
-        clock_seed(),
-        Duration::from_secs(240),
-    );
+    let kills = kill_run_job(dir, 6);
     assert!(kills >= 2, "only {kills} kills landed");
     assert_split_tables(dir, &kept);
     // verify checks each output's table against the checkpoint.

@@ -12,13 +12,15 @@ use futures::StreamExt;
 use lakestream_checkpoint::{CommitEntry, OffsetsEntry};
 use lakestream_sink::{CommitInfo, CommitOutcome};
 
-use super::{Driver, OutputPlan};
+use super::{Driver, OutputKind, OutputPlan};
+use crate::dead_letter;
 use crate::lineage;
 use crate::progress::{BatchProgress, Durations, OutputProgress, SourceProgress};
 use crate::provider::{BatchRange, BatchScans, source_failure};
 use crate::stateful::StateProgress;
 use crate::{Error, FailPoint, Result};
 use arrow::datatypes::DataType;
+use lakestream_source::Rejected;
 
 impl Driver {
     pub(super) async fn run_batch(
@@ -62,6 +64,7 @@ impl Driver {
                             None => "no new data".into(),
                         },
                         input_rows: 0,
+                        dead_letters: 0,
                         backlog: t.source().backlog(),
                         skipped: Vec::new(),
                         identity: {
@@ -130,8 +133,14 @@ impl Driver {
             }
         }
         let t_exec = Instant::now();
-        // Several outputs to write: the input is read once, for all.
-        if already.iter().filter(|a| !**a).count() > 1 {
+        // Several queries to run: the input is read once, for all.
+        let queries_to_run = self
+            .outputs
+            .iter()
+            .zip(&already)
+            .filter(|(o, a)| !**a && matches!(o.kind, OutputKind::Query(_)))
+            .count();
+        if queries_to_run > 1 {
             scans
                 .materialize(&self.tables)
                 .await
@@ -141,22 +150,68 @@ impl Driver {
         let mut exec_time = t_exec.elapsed();
         let mut commit_time = Duration::ZERO;
         let mut written: Vec<(u64, usize, u64)> = vec![(0, 0, 0); n];
-        let mut meta: Option<serde_json::Map<String, serde_json::Value>> = None;
+        let mut meta: Option<CommitMeta> = None;
+        let mut rejected = Rejections::new();
         let mut first_commit = true;
         for (i, output) in self.outputs.iter().enumerate() {
             if already[i] {
                 continue;
             }
             let t_out = Instant::now();
-            let (staged, state) = self.execute(batch_id, entry, scans.clone(), output).await?;
-            if state.is_some() {
-                progress.state = state;
-            }
-            exec_time += t_out.elapsed();
+            let staged = match &output.kind {
+                OutputKind::Query(plan) => {
+                    let (staged, state) = self
+                        .execute(batch_id, entry, scans.clone(), plan, output)
+                        .await?;
+                    if state.is_some() {
+                        progress.state = state;
+                    }
+                    Some(staged)
+                }
+                OutputKind::DeadLetters(_) => {
+                    if meta.is_none() {
+                        // No query ran in this attempt (a replay missing
+                        // only its dead letters): read to find them again.
+                        scans
+                            .drain(&self.tables)
+                            .await
+                            .map_err(|source| Error::SourceInBatch { batch_id, source })?;
+                    }
+                    None
+                }
+            };
             // The input is all read once the first output ran.
             if meta.is_none() {
-                meta = Some(self.input_summary(entry, &scans, &mut progress));
+                let (m, r) = self.input_summary(entry, &scans, &mut progress)?;
+                meta = Some(m);
+                rejected = r;
             }
+            let staged = match (staged, &output.kind) {
+                (Some(s), _) => s,
+                (None, OutputKind::DeadLetters(sources)) => {
+                    let rows: Vec<(String, Rejected)> = sources
+                        .iter()
+                        .flat_map(|s| {
+                            rejected
+                                .remove(s)
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(move |r| (s.clone(), r))
+                        })
+                        .collect();
+                    if rows.is_empty() {
+                        // Nothing rejected: no commit to the dead letters.
+                        exec_time += t_out.elapsed();
+                        continue;
+                    }
+                    let mut w = output.sink.begin(batch_id).await?;
+                    w.write(dead_letter::rows(rows, batch_id, entry.batch_timestamp_ms))
+                        .await?;
+                    w.finish().await?
+                }
+                (None, OutputKind::Query(_)) => unreachable!("a query output stages its rows"),
+            };
+            exec_time += t_out.elapsed();
             if first_commit {
                 self.fail(FailPoint::AfterFiles, batch_id)?;
             }
@@ -197,7 +252,7 @@ impl Driver {
         }
         if meta.is_none() {
             // Every output found the batch in its table on commit.
-            self.input_summary(entry, &scans, &mut progress);
+            self.input_summary(entry, &scans, &mut progress)?;
         }
         let skipped = already.iter().all(|a| *a);
         let t_mark = Instant::now();
@@ -281,27 +336,49 @@ impl Driver {
             .collect()
     }
 
-    /// What the batch read, once its scans ran: input rows, skipped input
-    /// and the largest event time into `progress`; and the commit metadata
-    /// every output's commit carries (ranges read, engine, counts).
+    /// What the batch read, once its scans ran: input rows, skipped input,
+    /// dead letters and the largest event time into `progress`; the commit
+    /// metadata every output's commit carries (ranges read, engine,
+    /// counts); and the records each source rejected. Fails when a source
+    /// rejected records and no output of the query takes its dead letters
+    /// (they would be lost).
     fn input_summary(
         &self,
         entry: &OffsetsEntry,
         scans: &BatchScans,
         progress: &mut BatchProgress,
-    ) -> serde_json::Map<String, serde_json::Value> {
+    ) -> Result<(CommitMeta, Rejections)> {
         let batch_id = entry.batch_id;
         let mut skipped_input = BTreeMap::new();
+        let mut rejected = BTreeMap::new();
         for t in &self.tables {
-            let rows = scans.rows(t.source().name());
+            let name = t.source().name();
+            let rows = scans.rows(name);
             progress.input_rows += rows;
             let skipped = t.source().take_skipped();
-            if let Some(p) = progress.sources.get_mut(t.source().name()) {
+            let dead = t.source().take_rejected();
+            if let Some(p) = progress.sources.get_mut(name) {
                 p.input_rows = rows;
                 p.skipped = skipped.clone();
+                p.dead_letters = dead.len() as u64;
             }
             if !skipped.is_empty() {
-                skipped_input.insert(t.source().name().to_string(), skipped);
+                skipped_input.insert(name.to_string(), skipped);
+            }
+            if !dead.is_empty() {
+                let taken = self.outputs.iter().any(|o| {
+                    matches!(&o.kind, OutputKind::DeadLetters(s) if s.iter().any(|s| s == name))
+                });
+                if !taken {
+                    return Err(Error::InvalidQuery(format!(
+                        "batch {batch_id}: source {name} set aside {} records it could not \
+                         decode (first: {}) but the query has no dead-letter table for it; \
+                         give it one (dead_letter_location, QueryBuilder::dead_letters)",
+                        dead.len(),
+                        dead[0].error
+                    )));
+                }
+                rejected.insert(name.to_string(), dead);
             }
         }
         progress.event_time_max_ms = self
@@ -359,18 +436,27 @@ impl Driver {
             .collect();
         meta.insert("ranges".into(), ranges.into());
         meta.insert("inputRows".into(), progress.input_rows.into());
+        if !rejected.is_empty() {
+            let counts: serde_json::Map<String, serde_json::Value> = rejected
+                .iter()
+                .map(|(k, v)| (k.clone(), (v.len() as u64).into()))
+                .collect();
+            meta.insert("deadLetters".into(), counts.into());
+        }
         if let Some(w) = entry.watermark_ms {
             meta.insert("watermarkMs".into(), w.into());
         }
-        meta
+        Ok((meta, rejected))
     }
 
-    /// Run `output`'s plan over the batch and stage what it writes.
+    /// Run `output`'s query `plan` over the batch and stage what it
+    /// writes.
     async fn execute(
         &self,
         batch_id: u64,
         entry: &OffsetsEntry,
         scans: Arc<BatchScans>,
+        plan: &datafusion::logical_expr::LogicalPlan,
         output: &OutputPlan,
     ) -> Result<(lakestream_sink::Staged, Option<StateProgress>)> {
         let exec_err = move |e| batch_error(batch_id, e);
@@ -380,10 +466,7 @@ impl Driver {
         // computes what the first attempt computed.
         state.execution_props_mut().query_execution_start_time =
             chrono::DateTime::from_timestamp_millis(entry.batch_timestamp_ms);
-        let mut physical = state
-            .create_physical_plan(&output.plan)
-            .await
-            .map_err(exec_err)?;
+        let mut physical = state.create_physical_plan(plan).await.map_err(exec_err)?;
         // The aggregation runs (and its state is committed, durably) before
         // the rest of the plan writes the batch's output.
         let mut state_progress = None;
@@ -442,6 +525,12 @@ impl Driver {
         Ok((staged, state_progress))
     }
 }
+
+/// What every output's commit of a batch records (`commitInfo.lakestream`).
+type CommitMeta = serde_json::Map<String, serde_json::Value>;
+
+/// The records each source (by name) could not decode in a batch.
+type Rejections = BTreeMap<String, Vec<Rejected>>;
 
 /// DataFusion's error while running batch `batch_id`, typed: the source's
 /// own error when a source read failed (through any number of operators),

@@ -50,9 +50,18 @@ pub(crate) struct Driver {
     pub(crate) metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
-/// One output of the query: its plan over the batch and its sink.
+/// What an output writes.
+pub(crate) enum OutputKind {
+    /// The rows of a query over the batch.
+    Query(LogicalPlan),
+    /// The records these sources (by name) could not decode: a
+    /// dead-letter table ([`crate::dead_letter`]).
+    DeadLetters(Vec<String>),
+}
+
+/// One output of the query: what it writes and its sink.
 pub(crate) struct OutputPlan {
-    pub(crate) plan: LogicalPlan,
+    pub(crate) kind: OutputKind,
     pub(crate) sink: Arc<dyn Sink>,
     /// [`crate::lineage::sql_fingerprint`] of its query.
     pub(crate) fingerprint: String,

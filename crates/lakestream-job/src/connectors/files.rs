@@ -37,6 +37,8 @@ impl SourceConnector for FilesConnector {
             "read_concurrency",
             "missing_files",
             "max_file_age",
+            "on_error",
+            "dead_letter_location",
         ]
     }
 
@@ -99,6 +101,7 @@ impl SourceConnector for FilesConnector {
                 ))
             })?;
         }
+        fo.on_error = ctx.on_error()?;
         fo.path_glob = ctx.option("path_glob").map(str::to_string);
         fo.modified_after_ms = ctx.time_ms("modified_after")?;
         fo.modified_before_ms = ctx.time_ms("modified_before")?;

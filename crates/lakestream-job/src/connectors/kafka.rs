@@ -36,6 +36,8 @@ impl SourceConnector for KafkaConnector {
             "commit_offsets_to_group",
             "batch_size",
             "consumers",
+            "on_error",
+            "dead_letter_location",
         ]
     }
 
@@ -176,6 +178,7 @@ impl SourceConnector for KafkaConnector {
         if let Some(b) = ctx.count("batch_size")? {
             o.batch_size = b;
         }
+        o.on_error = ctx.on_error()?;
         if let Some(n) = ctx.count("consumers")? {
             o.consumers = n;
         }

@@ -313,6 +313,36 @@ impl<'a> TableContext<'a> {
         }
     }
 
+    /// What the stream does with a record it cannot decode: `on_error`
+    /// (`fail`, the default, or `dead_letter`), which must come with
+    /// `dead_letter_location` (the table the engine writes them to) and
+    /// the other way round.
+    pub fn on_error(&self) -> Result<lakestream_source::OnError> {
+        use lakestream_source::OnError;
+        let name = &self.table.name;
+        let policy = match self.option("on_error") {
+            None => OnError::Fail,
+            Some(v) => OnError::from_name(v).ok_or_else(|| {
+                self.error(format!(
+                    "option on_error of {name}: {v:?} is not a policy; use 'fail' (the \
+                     default) or 'dead_letter'"
+                ))
+            })?,
+        };
+        match (policy, self.option("dead_letter_location")) {
+            (OnError::DeadLetter, None) => Err(self.error(format!(
+                "{name} sets on_error 'dead_letter' without dead_letter_location: name the \
+                 Delta table its undecodable records go to, e.g. 'dead_letter_location' \
+                 'out/{name}_dead_letters'"
+            ))),
+            (OnError::Fail, Some(_)) => Err(self.error(format!(
+                "{name} sets dead_letter_location but not on_error 'dead_letter': without it \
+                 an undecodable record fails the batch and nothing goes there"
+            ))),
+            _ => Ok(policy),
+        }
+    }
+
     /// A time option: RFC 3339 (`2026-01-31T12:00:00Z`) or a date
     /// (`2026-01-31`, midnight UTC), as ms since the epoch.
     pub fn time_ms(&self, key: &str) -> Result<Option<i64>> {

@@ -91,6 +91,22 @@ pub(super) struct TextState {
     eof: bool,
     finished: bool,
     batch_size: usize,
+    /// Where undecodable lines go (`on_error 'dead_letter'`); `None`: a
+    /// bad line fails the read.
+    rejects: Option<Rejects>,
+    /// Rows of this file returned so far.
+    rows_out: u64,
+    /// Batches decoded line by line after a bad line, still to return.
+    queue: VecDeque<RecordBatch>,
+}
+
+/// How a text file is decoded.
+pub(super) struct TextOptions {
+    pub(super) format: FileFormat,
+    pub(super) batch_size: usize,
+    pub(super) compression: TextCompression,
+    /// Where undecodable lines go (`on_error 'dead_letter'`).
+    pub(super) rejects: Option<Rejects>,
 }
 
 pub(super) async fn text_stream(
@@ -98,10 +114,14 @@ pub(super) async fn text_stream(
     store: Arc<dyn ObjectStore>,
     entry: FileEntry,
     schema: SchemaRef,
-    format: FileFormat,
-    batch_size: usize,
-    compression: TextCompression,
+    options: TextOptions,
 ) -> Result<BatchStream> {
+    let TextOptions {
+        format,
+        batch_size,
+        compression,
+        rejects,
+    } = options;
     let path = object_path(&entry.path);
     let chunks = decompressed(ranged_chunks(store.clone(), path, entry.size), compression);
     let decoder =
@@ -123,12 +143,54 @@ pub(super) async fn text_stream(
         eof: false,
         finished: false,
         batch_size,
+        rejects,
+        rows_out: 0,
+        queue: VecDeque::new(),
     };
     Ok(stream::try_unfold(state, next_text_batch).boxed())
 }
 
 pub(super) async fn next_text_batch(mut st: TextState) -> Result<Option<(RecordBatch, TextState)>> {
+    match next_decoded(&mut st).await {
+        Ok(Some(b)) => {
+            st.rows_out += b.num_rows() as u64;
+            Ok(Some((b, st)))
+        }
+        Ok(None) => Ok(None),
+        Err(Failed::Store(e)) => Err(e),
+        Err(Failed::Decode(e)) => match st.rejects.clone() {
+            None => Err(locate_text_error(ErrCtx::of(&st), e).await),
+            Some(rejects) => {
+                // The rest of the file, line by line: good lines become
+                // rows, bad ones dead letters.
+                let ctx = ErrCtx::of(&st);
+                st.queue = decode_rest_by_line(ctx, st.rows_out, st.batch_size, &rejects)
+                    .await?
+                    .into();
+                st.finished = true;
+                match st.queue.pop_front() {
+                    Some(b) => {
+                        st.rows_out += b.num_rows() as u64;
+                        Ok(Some((b, st)))
+                    }
+                    None => Ok(None),
+                }
+            }
+        },
+    }
+}
+
+/// Why decoding stopped: the store failed, or the text did not decode.
+enum Failed {
+    Store(Error),
+    Decode(arrow::error::ArrowError),
+}
+
+async fn next_decoded(st: &mut TextState) -> Result<Option<RecordBatch>, Failed> {
     loop {
+        if let Some(b) = st.queue.pop_front() {
+            return Ok(Some(b));
+        }
         if st.finished {
             return Ok(None);
         }
@@ -136,11 +198,11 @@ pub(super) async fn next_text_batch(mut st: TextState) -> Result<Option<(RecordB
             match st.chunks.next().await {
                 Some(Ok(b)) => st.buf = b,
                 Some(Err(e)) => {
-                    return Err(Error::Store {
+                    return Err(Failed::Store(Error::Store {
                         source_name: st.name.clone(),
                         file: st.entry.path.clone(),
                         source: e,
-                    });
+                    }));
                 }
                 None => st.eof = true,
             }
@@ -150,24 +212,122 @@ pub(super) async fn next_text_batch(mut st: TextState) -> Result<Option<(RecordB
             let flushed = st.decoder.decode(&[]).and_then(|_| st.decoder.flush());
             st.finished = true;
             return match flushed {
-                Ok(Some(b)) if b.num_rows() > 0 => Ok(Some((b, st))),
+                Ok(Some(b)) if b.num_rows() > 0 => Ok(Some(b)),
                 Ok(_) => Ok(None),
-                Err(e) => Err(locate_text_error(ErrCtx::of(&st), e).await),
+                Err(e) => Err(Failed::Decode(e)),
             };
         }
-        let consumed = match st.decoder.decode(&st.buf) {
-            Ok(n) => n,
-            Err(e) => return Err(locate_text_error(ErrCtx::of(&st), e).await),
-        };
+        let consumed = st.decoder.decode(&st.buf).map_err(Failed::Decode)?;
         st.buf.advance(consumed);
-        if st.decoder.is_full(st.batch_size) || (consumed == 0 && !st.buf.is_empty()) {
-            match st.decoder.flush() {
-                Ok(Some(b)) => return Ok(Some((b, st))),
-                Ok(None) => {}
-                Err(e) => return Err(locate_text_error(ErrCtx::of(&st), e).await),
-            }
+        if (st.decoder.is_full(st.batch_size) || (consumed == 0 && !st.buf.is_empty()))
+            && let Some(b) = st.decoder.flush().map_err(Failed::Decode)?
+        {
+            return Ok(Some(b));
         }
     }
+}
+
+/// After a line of the file `st` names failed to decode: read the file again and
+/// decode the lines after the rows already returned one at a time. Lines
+/// that decode are returned as batches; the others are put in `rejects`
+/// with their line number and text. (A CSV record spanning lines in quotes
+/// is split at its newlines here.)
+async fn decode_rest_by_line(
+    st: ErrCtx,
+    rows_out: u64,
+    batch_size: usize,
+    rejects: &Rejects,
+) -> Result<Vec<RecordBatch>> {
+    let malformed = |line: Option<u64>, reason: String| Error::Malformed {
+        source_name: st.name.clone(),
+        file: st.path.clone(),
+        line,
+        reason,
+    };
+    let bytes = get_all(&st.name, &st.store, &object_path(&st.path)).await?;
+    let bytes = decompress_all(bytes, st.compression)
+        .await
+        .map_err(|e| malformed(None, format!("cannot decompress: {e}")))?;
+    // Lines are decoded without the header, which is skipped here.
+    let (mut header, line_format) = match &st.format {
+        FileFormat::Csv {
+            has_header,
+            delimiter,
+        } => (
+            *has_header,
+            FileFormat::Csv {
+                has_header: false,
+                delimiter: *delimiter,
+            },
+        ),
+        other => (false, other.clone()),
+    };
+    let decoder = || {
+        TextDecoder::new(&line_format, st.schema.clone(), batch_size)
+            .map_err(|reason| malformed(None, reason))
+    };
+    let mut already = rows_out;
+    let mut good: Vec<&[u8]> = Vec::new();
+    let mut bad = Vec::new();
+    for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        if header {
+            header = false;
+            continue;
+        }
+        if already > 0 {
+            already -= 1;
+            continue;
+        }
+        let mut d = decoder()?;
+        match decode_line(&mut d, line) {
+            Ok(()) => good.push(line),
+            Err(e) => bad.push(Rejected {
+                file: Some(st.path.clone()),
+                line: Some(i as u64 + 1),
+                record: line.to_vec(),
+                error: e.to_string(),
+                ..Default::default()
+            }),
+        }
+    }
+    let mut out = Vec::new();
+    let mut d = decoder()?;
+    for (n, line) in good.iter().enumerate() {
+        decode_line_into(&mut d, line).map_err(|e| malformed(None, e.to_string()))?;
+        if (d.is_full(batch_size) || n + 1 == good.len())
+            && let Some(b) = d.flush().map_err(|e| malformed(None, e.to_string()))?
+        {
+            out.push(b);
+        }
+    }
+    rejects.lock().expect("rejected lines").extend(bad);
+    Ok(out)
+}
+
+/// Decode one line (without its newline) into `d`, not flushed.
+fn decode_line_into(d: &mut TextDecoder, line: &[u8]) -> Result<(), arrow::error::ArrowError> {
+    let mut rest = line;
+    while !rest.is_empty() {
+        let n = d.decode(rest)?;
+        if n == 0 {
+            break;
+        }
+        rest = &rest[n..];
+    }
+    d.decode(b"\n")?;
+    Ok(())
+}
+
+/// Whether one line decodes into rows of the schema, on its own.
+fn decode_line(d: &mut TextDecoder, line: &[u8]) -> Result<(), arrow::error::ArrowError> {
+    decode_line_into(d, line)?;
+    d.decode(&[])?;
+    d.flush()?;
+    Ok(())
 }
 
 /// Bytes read per request. Large reads keep per-request overhead (a blocking

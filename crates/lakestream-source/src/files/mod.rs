@@ -51,7 +51,8 @@ use parquet::arrow::async_reader::ParquetObjectReader;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Backlog, BatchStream, Error, Offset, Result, Skipped, Source, SourceIdentity, require_positive,
+    Backlog, BatchStream, Error, Offset, OnError, Rejected, Rejects, Result, Skipped, Source,
+    SourceIdentity, require_positive,
 };
 use lakestream_storage::Location;
 
@@ -131,6 +132,8 @@ pub struct FileSourceOptions {
     /// forgotten. `None`: every file is remembered and a late file of any
     /// age is read.
     pub max_file_age_ms: Option<i64>,
+    /// What a batch does with a line it cannot decode (JSON and CSV).
+    pub on_error: OnError,
 }
 
 /// What a batch does with a file it planned that is gone when it runs
@@ -216,6 +219,7 @@ impl FileSourceOptions {
             read_concurrency: 4,
             missing_files: MissingFiles::Fail,
             max_file_age_ms: None,
+            on_error: OnError::Fail,
         }
     }
 }
@@ -253,6 +257,9 @@ pub struct FileSource {
     state: Mutex<SeenState>,
     /// Files the reads of the current batch skipped (`missing_files 'skip'`).
     skipped: Arc<Mutex<Vec<Skipped>>>,
+    /// Lines the reads of the current batch could not decode
+    /// (`on_error 'dead_letter'`).
+    rejected: Rejects,
 }
 
 impl FileSource {
@@ -302,6 +309,14 @@ impl FileSource {
                 .cloned()
                 .collect::<Vec<_>>(),
         ));
+        if options.on_error == OnError::DeadLetter && options.format == FileFormat::Parquet {
+            return Err(invalid(
+                "on_error",
+                "'dead_letter' sets aside undecodable lines of JSON and CSV files; a Parquet \
+                 file is read whole or not at all"
+                    .into(),
+            ));
+        }
         let glob = compile_glob(name, &options)?;
         Ok(Self {
             name: name.to_string(),
@@ -312,6 +327,7 @@ impl FileSource {
             options,
             state: Mutex::new(SeenState::default()),
             skipped: Arc::new(Mutex::new(Vec::new())),
+            rejected: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -463,6 +479,10 @@ impl FileSource {
             MissingFiles::Fail => None,
             MissingFiles::Skip => Some(self.skipped.clone()),
         };
+        let rejects = match self.options.on_error {
+            OnError::Fail => None,
+            OnError::DeadLetter => Some(self.rejected.clone()),
+        };
         let fut = async move {
             let path = object_path(&entry.path);
             // The size is re-read rather than taken from the plan: a file
@@ -477,7 +497,13 @@ impl FileSource {
             match format {
                 FileFormat::Parquet => parquet_stream(name, store, entry, schema, batch_size).await,
                 FileFormat::Json | FileFormat::Csv { .. } => {
-                    text_stream(name, store, entry, schema, format, batch_size, compression).await
+                    let options = TextOptions {
+                        format,
+                        batch_size,
+                        compression,
+                        rejects,
+                    };
+                    text_stream(name, store, entry, schema, options).await
                 }
             }
         };
@@ -603,11 +629,16 @@ impl Source for FileSource {
             state.seen = snap.files.into_iter().zip(mtimes).collect();
         }
         self.skipped.lock().expect("skipped files").clear();
+        self.rejected.lock().expect("rejected lines").clear();
         Ok(())
     }
 
     fn take_skipped(&self) -> Vec<Skipped> {
         std::mem::take(&mut *self.skipped.lock().expect("skipped files"))
+    }
+
+    fn take_rejected(&self) -> Vec<Rejected> {
+        std::mem::take(&mut *self.rejected.lock().expect("rejected lines"))
     }
 
     fn identity(&self) -> SourceIdentity {

@@ -24,6 +24,9 @@ pub(super) struct RowBuilder {
     offset: Int64Builder,
     timestamp: TimestampMillisecondBuilder,
     headers: StringBuilder,
+    /// Where undecodable records go (`on_error 'dead_letter'`); `None`: a
+    /// bad record fails the read.
+    rejects: Option<crate::Rejects>,
 }
 
 impl RowBuilder {
@@ -33,18 +36,10 @@ impl RowBuilder {
         value_schema: SchemaRef,
         format: ValueFormat,
         batch_size: usize,
+        rejects: Option<crate::Rejects>,
     ) -> Result<Self> {
         let json = match format {
-            ValueFormat::Json => Some(
-                arrow::json::ReaderBuilder::new(value_schema.clone())
-                    .with_batch_size(batch_size)
-                    .build_decoder()
-                    .map_err(|e| Error::InvalidOption {
-                        source_name: source.clone(),
-                        option: "columns".into(),
-                        reason: e.to_string(),
-                    })?,
-            ),
+            ValueFormat::Json => Some(json_decoder(&source, &value_schema, batch_size)?),
             _ => None,
         };
         Ok(Self {
@@ -64,7 +59,49 @@ impl RowBuilder {
             offset: Int64Builder::new(),
             timestamp: TimestampMillisecondBuilder::new().with_timezone("UTC"),
             headers: StringBuilder::new(),
+            rejects,
         })
+    }
+
+    /// Set `m` aside as a dead letter when the source does so (`Ok`), or
+    /// fail with `err`.
+    fn reject(&self, m: &impl Message, err: Error) -> Result<()> {
+        let Some(rejects) = &self.rejects else {
+            return Err(err);
+        };
+        let error = match &err {
+            Error::KafkaMalformed { reason, .. } => reason.clone(),
+            other => other.to_string(),
+        };
+        rejects
+            .lock()
+            .expect("kafka rejected")
+            .push(crate::Rejected {
+                topic: Some(m.topic().to_string()),
+                partition: Some(m.partition()),
+                offset: Some(m.offset()),
+                record: m.payload().unwrap_or_default().to_vec(),
+                error,
+                ..Default::default()
+            });
+        Ok(())
+    }
+
+    /// A JSON decoder holding exactly the pending values (after a value
+    /// that failed left the old one in an unknown state).
+    fn redecode_pending(&mut self) -> Result<()> {
+        let mut d = json_decoder(&self.source, &self.value_schema, self.batch_size)?;
+        for v in &self.pending {
+            d.decode(v)
+                .and_then(|_| d.decode(b"\n"))
+                .map_err(|e| Error::Schema {
+                    source_name: self.source.clone(),
+                    file: "kafka".into(),
+                    reason: format!("a value that decoded before no longer does: {e}"),
+                })?;
+        }
+        self.json = Some(d);
+        Ok(())
     }
 
     pub(super) fn is_full(&self) -> bool {
@@ -84,12 +121,24 @@ impl RowBuilder {
                 let d = self.json.as_mut().expect("json decoder");
                 let before = d.len();
                 let value = m.payload().unwrap_or(b"{}");
-                d.decode(value).map_err(|e| malformed(e.to_string()))?;
-                d.decode(b"\n").map_err(|e| malformed(e.to_string()))?;
-                if d.len() != before + 1 {
-                    return Err(malformed(
-                        "the value is not exactly one JSON object".to_string(),
-                    ));
+                let decoded = d
+                    .decode(value)
+                    .and_then(|_| d.decode(b"\n"))
+                    .map_err(|e| e.to_string())
+                    .and_then(|_| {
+                        if d.len() == before + 1 {
+                            Ok(())
+                        } else {
+                            Err("the value is not exactly one JSON object".to_string())
+                        }
+                    });
+                if let Err(reason) = decoded {
+                    let err = malformed(reason);
+                    if self.rejects.is_none() {
+                        return Err(err);
+                    }
+                    self.redecode_pending()?;
+                    return self.reject(m, err);
                 }
                 self.pending.push(value.to_vec());
                 // Type errors surface at flush; flushing per record would be
@@ -101,10 +150,10 @@ impl RowBuilder {
                 None => self.raw.append_null(),
             },
             ValueFormat::String => match m.payload() {
-                Some(v) => self.text.append_value(
-                    std::str::from_utf8(v)
-                        .map_err(|e| malformed(format!("value is not UTF-8: {e}")))?,
-                ),
+                Some(v) => match std::str::from_utf8(v) {
+                    Ok(text) => self.text.append_value(text),
+                    Err(e) => return self.reject(m, malformed(format!("value is not UTF-8: {e}"))),
+                },
                 None => self.text.append_null(),
             },
         }
@@ -145,28 +194,60 @@ impl RowBuilder {
         if self.rows == 0 {
             return Ok(None);
         }
+        // With dead letters, the records whose values fail the schema (a
+        // type error shows at flush) are left out: `keep` says which.
+        let mut keep: Option<arrow::array::BooleanArray> = None;
         let mut cols: Vec<ArrayRef> = match self.format {
             ValueFormat::Json => {
-                let batch = self
-                    .json
-                    .as_mut()
-                    .expect("json decoder")
-                    .flush()
-                    .map_err(|e| self.locate_json_error(e))?
-                    .expect("rows were decoded");
-                batch.columns().to_vec()
+                let flushed = self.json.as_mut().expect("json decoder").flush();
+                let batch = match flushed {
+                    Ok(b) => b,
+                    Err(e) if self.rejects.is_none() => return Err(self.locate_json_error(e)),
+                    Err(_) => {
+                        let (mask, batch) = self.reject_undecodable()?;
+                        keep = Some(mask);
+                        batch
+                    }
+                };
+                match batch {
+                    Some(b) => b.columns().to_vec(),
+                    // Every record of the batch was rejected.
+                    None => self
+                        .value_schema
+                        .fields()
+                        .iter()
+                        .map(|f| arrow::array::new_empty_array(f.data_type()))
+                        .collect(),
+                }
             }
             ValueFormat::Raw => vec![Arc::new(self.raw.finish())],
             ValueFormat::String => vec![Arc::new(self.text.finish())],
         };
         self.pending.clear();
-        cols.push(Arc::new(self.key.finish()));
-        cols.push(Arc::new(self.topic.finish()));
-        cols.push(Arc::new(self.partition.finish()));
-        cols.push(Arc::new(self.offset.finish()));
-        cols.push(Arc::new(self.timestamp.finish()));
-        cols.push(Arc::new(self.headers.finish()));
+        let mut meta: Vec<ArrayRef> = vec![
+            Arc::new(self.key.finish()),
+            Arc::new(self.topic.finish()),
+            Arc::new(self.partition.finish()),
+            Arc::new(self.offset.finish()),
+            Arc::new(self.timestamp.finish()),
+            Arc::new(self.headers.finish()),
+        ];
         self.rows = 0;
+        if let Some(mask) = &keep {
+            meta = meta
+                .iter()
+                .map(|c| arrow::compute::filter(c, mask))
+                .collect::<Result<_, _>>()
+                .map_err(|e| Error::Schema {
+                    source_name: self.source.clone(),
+                    file: "kafka".into(),
+                    reason: e.to_string(),
+                })?;
+        }
+        cols.extend(meta);
+        if cols[0].is_empty() {
+            return Ok(None);
+        }
         RecordBatch::try_new(self.schema.clone(), cols)
             .map(Some)
             .map_err(|e| Error::Schema {
@@ -174,6 +255,54 @@ impl RowBuilder {
                 file: "kafka".into(),
                 reason: e.to_string(),
             })
+    }
+
+    /// After a failed flush with dead letters on: decode the pending
+    /// values one by one, reject the ones that fail, and decode the others
+    /// again. Returns which records are kept and their values' batch.
+    fn reject_undecodable(&mut self) -> Result<(arrow::array::BooleanArray, Option<RecordBatch>)> {
+        let topics = self.topic.finish_cloned();
+        let parts = self.partition.finish_cloned();
+        let offsets = self.offset.finish_cloned();
+        let mut keep = Vec::with_capacity(self.pending.len());
+        let mut good = json_decoder(&self.source, &self.value_schema, self.pending.len().max(1))?;
+        let mut bad = Vec::new();
+        for (i, v) in self.pending.iter().enumerate() {
+            let mut d = json_decoder(&self.source, &self.value_schema, 16)?;
+            match d.decode(v).and_then(|_| d.flush()) {
+                Ok(_) => {
+                    good.decode(v)
+                        .and_then(|_| good.decode(b"\n"))
+                        .map_err(|e| Error::Schema {
+                            source_name: self.source.clone(),
+                            file: "kafka".into(),
+                            reason: e.to_string(),
+                        })?;
+                    keep.push(true);
+                }
+                Err(e) => {
+                    bad.push(crate::Rejected {
+                        topic: Some(topics.value(i).to_string()),
+                        partition: Some(parts.value(i)),
+                        offset: Some(offsets.value(i)),
+                        record: v.clone(),
+                        error: e.to_string(),
+                        ..Default::default()
+                    });
+                    keep.push(false);
+                }
+            }
+        }
+        let batch = good.flush().map_err(|e| self.locate_json_error(e))?;
+        self.json = Some(json_decoder(
+            &self.source,
+            &self.value_schema,
+            self.batch_size,
+        )?);
+        if let Some(r) = &self.rejects {
+            r.lock().expect("kafka rejected").extend(bad);
+        }
+        Ok((keep.into(), batch))
     }
 
     pub(super) fn locate_json_error(&self, e: arrow::error::ArrowError) -> Error {
@@ -202,4 +331,20 @@ impl RowBuilder {
             reason,
         }
     }
+}
+
+/// A JSON decoder of `schema` for the source `source`.
+fn json_decoder(
+    source: &str,
+    schema: &SchemaRef,
+    batch_size: usize,
+) -> Result<arrow::json::reader::Decoder> {
+    arrow::json::ReaderBuilder::new(schema.clone())
+        .with_batch_size(batch_size)
+        .build_decoder()
+        .map_err(|e| Error::InvalidOption {
+            source_name: source.to_string(),
+            option: "columns".into(),
+            reason: e.to_string(),
+        })
 }

@@ -17,6 +17,10 @@ impl KafkaSource {
         let request_timeout = self.options.request_timeout;
         let fail_on_data_loss = self.options.fail_on_data_loss;
         let skipped = self.skipped.clone();
+        let rejects = match self.options.on_error {
+            crate::OnError::Fail => None,
+            crate::OnError::DeadLetter => Some(self.rejected.clone()),
+        };
         let fut = async move {
             let consumer: StreamConsumer = cfg.create().map_err(|e| create_err(&name, e))?;
             let consumer = Arc::new(consumer);
@@ -44,7 +48,14 @@ impl KafkaSource {
                 reason: e.to_string(),
                 transient: false,
             })?;
-            let builder = RowBuilder::new(name.clone(), schema, value_schema, format, batch_size)?;
+            let builder = RowBuilder::new(
+                name.clone(),
+                schema,
+                value_schema,
+                format,
+                batch_size,
+                rejects,
+            )?;
             let reader = RangeReader {
                 name,
                 consumer,
