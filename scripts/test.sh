@@ -50,8 +50,9 @@ export LAKESTREAM_S3_SECRET=lakestream-secret
 
 status=0
 cargo test --workspace --no-fail-fast || status=$?
-# Examples must not rot: run the library example on its bundled data. The
+# Examples must not rot: run the library examples on their bundled data. The
 # binary is the one `cargo test` built with the workspace's features (a
 # `cargo run -p lakestream` would build DataFusion a second time).
 "${CARGO_TARGET_DIR:-target}/debug/examples/embed" || status=$?
+"${CARGO_TARGET_DIR:-target}/debug/examples/for_each_batch" || status=$?
 exit "$status"

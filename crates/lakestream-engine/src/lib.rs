@@ -15,6 +15,7 @@
 
 pub mod dead_letter;
 mod driver;
+pub mod for_each;
 pub mod job;
 pub mod lineage;
 pub mod metrics;

@@ -280,6 +280,23 @@ impl QueryBuilder {
         self
     }
 
+    /// Hand each batch's output to `f` instead of a sink: `f(batch_id,
+    /// df)` runs once per batch, in order, and the batch is done when it
+    /// returns `Ok`. After a crash `f` may be called again with the same
+    /// batch id and rows (at least once): make its effects idempotent per
+    /// batch id (see [`crate::for_each`]).
+    pub fn for_each_batch<F, Fut>(self, f: F) -> Self
+    where
+        F: Fn(u64, DataFrame) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = std::result::Result<(), crate::for_each::BatchFnError>>
+            + Send
+            + 'static,
+    {
+        let f: crate::for_each::BatchFn = Arc::new(move |id, df| Box::pin(f(id, df)));
+        let sink = Arc::new(crate::for_each::ForEachBatch::new(f, self.ctx.clone()));
+        self.sink(sink)
+    }
+
     /// Where each batch's output goes.
     pub fn sink(mut self, sink: Arc<dyn Sink>) -> Self {
         self.sink = Some(sink);

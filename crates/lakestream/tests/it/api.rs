@@ -485,3 +485,81 @@ async fn an_embedding_program_reads_the_queries_metrics_from_its_registry() {
     prometheus_client::encoding::text::encode(&mut out, metrics.registry()).unwrap();
     assert_eq!(out, text);
 }
+
+/// The event ids of a batch's DataFrame, sorted.
+async fn event_ids(df: datafusion::prelude::DataFrame) -> Vec<String> {
+    let mut ids: Vec<String> = df
+        .collect()
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_string::<i32>()
+                .iter()
+                .flatten()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn for_each_batch_hands_a_replayed_batch_its_same_rows_again() {
+    use std::sync::Mutex;
+    type Calls = Arc<Mutex<Vec<(u64, Vec<String>)>>>;
+    let dir = tempfile::tempdir().unwrap();
+    let calls: Calls = Arc::default();
+    let query = |calls: &Calls, fail_at: Option<u64>| {
+        let calls = calls.clone();
+        QueryBuilder::new()
+            .source(generator(1000, 250))
+            .unwrap()
+            .sql("SELECT event_id FROM events WHERE amount > 0")
+            .for_each_batch(move |batch_id, df| {
+                let calls = calls.clone();
+                async move {
+                    let ids = event_ids(df).await;
+                    calls.lock().unwrap().push((batch_id, ids));
+                    if fail_at == Some(batch_id) {
+                        return Err("the downstream service is down".into());
+                    }
+                    Ok(())
+                }
+            })
+            .checkpoint(dir.path().join("ckpt").to_str().unwrap())
+            .trigger(Trigger::AvailableNow)
+    };
+    // Batch 1's function ran, then the process died before the mark.
+    let err = query(&calls, None)
+        .fail_point(FailPoint::AfterCommit, 1)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InjectedFault { batch_id: 1, .. }),
+        "{err}"
+    );
+    // Batch 2's function fails: the query fails naming the batch and the
+    // cause, and nothing is marked done.
+    let err = query(&calls, Some(2)).run().await.unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("batch 2") && msg.contains("the downstream service is down"),
+        "{msg}"
+    );
+    let summary = query(&calls, None).run().await.unwrap();
+    assert_eq!(summary.last_batch_id, Some(3));
+    let calls = calls.lock().unwrap();
+    let order: Vec<u64> = calls.iter().map(|(id, _)| *id).collect();
+    assert_eq!(order, vec![0, 1, 1, 2, 2, 3], "at least once, in order");
+    assert_eq!(calls[1].1, calls[2].1, "a replay sees the same rows");
+    assert_eq!(calls[3].1, calls[4].1);
+    let all: Vec<&String> = [0, 1, 3, 5].iter().flat_map(|i| &calls[*i].1).collect();
+    let n = all.len();
+    let distinct: std::collections::HashSet<&&String> = all.iter().collect();
+    assert_eq!(distinct.len(), n, "no row in two batches");
+    assert!(n > 0 && n < 1000);
+}
