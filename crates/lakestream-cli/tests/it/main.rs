@@ -9,6 +9,7 @@ mod common;
 mod crash;
 mod dead_letters;
 mod errors;
+mod evolution;
 mod faults;
 mod kafka;
 mod maintenance;

@@ -522,3 +522,88 @@ fn a_windowed_aggregation_keeps_its_state_on_s3_through_sigkills() {
         "the error names the file: {err}"
     );
 }
+
+#[test]
+fn schema_evolution_and_dead_letters_work_on_s3() {
+    let s3 = s3();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let prefix = s3.prefix("evolve");
+    let write = |sub: &str, name: &str, body: &str| {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+        std::fs::write(dir.join(sub).join(name), body).unwrap();
+    };
+    write(
+        "v1",
+        "a.json",
+        "{\"event_id\":\"a1\",\"amount\":1.5}\n{\"event_id\":\"a2\",\"amount\":2.5}\n",
+    );
+    write(
+        "v2",
+        "b.json",
+        "{\"event_id\":\"b1\",\"amount\":3.5,\"country\":\"nl\"}\nnot json\n{\"event_id\":\"b2\",\"amount\":4.5,\"country\":\"fr\"}\n",
+    );
+    let job = |select: &str, options: &str, out_options: &str| {
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE events (event_id VARCHAR NOT NULL, amount DOUBLE, country VARCHAR)\n\
+             STORED AS JSON LOCATION '{prefix}input/' OPTIONS ('max_files_per_trigger' '1'{options});\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{prefix}table/'{out_options};\n\
+             INSERT INTO out SELECT {select} FROM events;\n"
+        )
+    };
+    let run = || {
+        bin()
+            .current_dir(dir)
+            .envs(s3.env())
+            .args(run_job_args(&format!("{prefix}ckpt/")))
+            .output()
+            .unwrap()
+    };
+    s3.upload_dir(&dir.join("v1"), &format!("{prefix}input/"));
+    std::fs::write(dir.join("job.sql"), job("event_id, amount", "", "")).unwrap();
+    let o = run();
+    assert!(o.status.success(), "{}", text(&o));
+
+    s3.upload_dir(&dir.join("v2"), &format!("{prefix}input/"));
+    std::fs::write(
+        dir.join("job.sql"),
+        job(
+            "event_id, amount, country",
+            &format!(", 'on_error' 'dead_letter', 'dead_letter_location' '{prefix}dead/'"),
+            " OPTIONS ('merge_schema' 'true')",
+        ),
+    )
+    .unwrap();
+    let o = run();
+    assert!(o.status.success(), "{}", text(&o));
+    let mut rows: Vec<(String, Option<String>)> = read_py(&format!("{prefix}table/"))
+        .iter()
+        .map(|r| {
+            (
+                r["event_id"].as_str().unwrap().to_string(),
+                r["country"].as_str().map(str::to_string),
+            )
+        })
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        vec![
+            ("a1".into(), None),
+            ("a2".into(), None),
+            ("b1".into(), Some("nl".into())),
+            ("b2".into(), Some("fr".into())),
+        ]
+    );
+    let dead = read_py(&format!("{prefix}dead/"));
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["record"], "not json");
+    assert_eq!(dead[0]["line"], 2);
+    let o = bin()
+        .current_dir(dir)
+        .envs(s3.env())
+        .args(["verify", "--checkpoint", &format!("{prefix}ckpt/")])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "verify: {}", text(&o));
+}

@@ -11,7 +11,8 @@ use super::{SinkConnector, TableContext};
 use crate::Result;
 
 /// Builds [`DeltaSink`]s: `target_file_size`, `compression`,
-/// `auto_compact_every`, `checkpoint_interval`; `PARTITIONED BY` columns.
+/// `auto_compact_every`, `checkpoint_interval`, `merge_schema`;
+/// `PARTITIONED BY` columns.
 #[derive(Debug, Default)]
 pub struct DeltaConnector;
 
@@ -23,6 +24,7 @@ impl SinkConnector for DeltaConnector {
             "compression",
             "auto_compact_every",
             "checkpoint_interval",
+            "merge_schema",
         ]
     }
 
@@ -42,6 +44,18 @@ impl SinkConnector for DeltaConnector {
                 return Err(ctx.error("checkpoint_interval must be at least 1"));
             }
             o.checkpoint_interval = n;
+        }
+        if let Some(merge) = ctx.boolean("merge_schema")? {
+            let mode = t.options.get("output_mode").map(|m| m.to_ascii_lowercase());
+            if merge && mode.as_deref().is_some_and(|m| m != "append") {
+                return Err(ctx.error(format!(
+                    "{}: merge_schema adds columns with appended batches; an aggregation in \
+                     output_mode {:?} cannot change the table's columns",
+                    t.name,
+                    mode.unwrap_or_default()
+                )));
+            }
+            o.merge_schema = merge;
         }
         if let Some(c) = ctx.option("compression") {
             o.compression = DeltaSinkOptions::parse_compression(c).ok_or_else(|| {

@@ -103,6 +103,12 @@ pub struct DeltaSinkOptions {
     /// `delta.checkpointInterval` set on a table the sink creates (an
     /// existing table keeps its own).
     pub checkpoint_interval: u64,
+    /// Evolve an existing table's schema to the query's output: columns
+    /// the table lacks are added (nullable) by a `metaData` action in the
+    /// first batch's commit; the table's columns the query no longer
+    /// produces are written as NULL. A column whose type changed is
+    /// refused. Appends only.
+    pub merge_schema: bool,
 }
 
 /// Storage option values may be secrets: only their keys are shown.
@@ -117,6 +123,7 @@ impl std::fmt::Debug for DeltaSinkOptions {
             .field("storage_option_keys", &keys)
             .field("auto_compact_every", &self.auto_compact_every)
             .field("checkpoint_interval", &self.checkpoint_interval)
+            .field("merge_schema", &self.merge_schema)
             .finish()
     }
 }
@@ -130,6 +137,7 @@ impl Default for DeltaSinkOptions {
             storage_options: HashMap::new(),
             auto_compact_every: None,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
+            merge_schema: false,
         }
     }
 }
@@ -163,6 +171,21 @@ pub struct DeltaSink {
     /// Appends that lost their version to another writer and went through
     /// delta-rs's conflict-checked commit instead.
     retries: std::sync::atomic::AtomicU64,
+    /// How the query's output differs from the table's columns, when it
+    /// does (`merge_schema`).
+    evolution: std::sync::Mutex<Option<Evolution>>,
+}
+
+/// A query's output written into a table with other columns
+/// (`merge_schema`).
+#[derive(Debug, Clone)]
+struct Evolution {
+    /// The columns written: the table's, then the query's new ones. Rows
+    /// are matched to them by name; a column the query lacks is NULL.
+    schema: SchemaRef,
+    /// The table's new metadata, carried by the next commit, while the
+    /// table lacks the new columns.
+    metadata: Option<deltalake::kernel::Metadata>,
 }
 
 /// The sink's view of its table.
@@ -242,6 +265,7 @@ impl DeltaSink {
             head: std::sync::Mutex::new(None),
             checkpointing: std::sync::Mutex::new(Checkpointing::default()),
             retries: Default::default(),
+            evolution: Default::default(),
         })
     }
 
@@ -505,16 +529,22 @@ impl Sink for DeltaSink {
         };
         let existing = meta.arrow_schema().map_err(|e| self.table_err(e))?;
         let have = delta_schema(&existing);
-        if !crate::same_columns(&have, &wanted) {
+        let evolution = if crate::same_columns(&have, &wanted) {
+            None
+        } else if self.options.merge_schema {
+            Some(self.evolve(&meta, &existing, &wanted)?)
+        } else {
             return Err(Error::SchemaMismatch {
                 table: self.name.clone(),
                 reason: format!(
-                    "the table has ({}), the query produces ({})",
+                    "the table has ({}), the query produces ({}); to add the new columns to \
+                     the table, set OPTIONS ('merge_schema' 'true') on it",
                     describe_schema(&have),
                     describe_schema(&wanted)
                 ),
             });
-        }
+        };
+        *self.evolution.lock().expect("evolution lock") = evolution;
         let parts: Vec<String> = meta.metadata().partition_columns().to_vec();
         if !self.options.partition_columns.is_empty() && parts != self.options.partition_columns {
             return Err(Error::SchemaMismatch {
@@ -569,15 +599,45 @@ impl Sink for DeltaSink {
         let props = WriterProperties::builder()
             .set_compression(self.options.compression)
             .build();
-        let writer = RecordBatchWriter::for_blind_appends(&loaded.meta)
-            .map_err(write_err)?
-            .with_writer_properties(props)
-            .with_target_file_size(self.options.target_file_size);
-        let schema = delta_schema(loaded.meta.arrow_schema().map_err(write_err)?.as_ref());
+        let evolution = self.evolution.lock().expect("evolution lock").clone();
+        let writer = match &evolution {
+            // The table lacks columns this batch writes: files of the
+            // evolved schema (the metadata comes with the commit).
+            Some(ev) if ev.metadata.is_some() => {
+                use deltalake::datafile::writer::{DeltaWriter as FilesWriter, WriterConfig};
+                let config = WriterConfig::new(
+                    ev.schema.clone(),
+                    loaded.meta.metadata().partition_columns().to_vec(),
+                    Some(props),
+                    std::num::NonZeroU64::new(self.options.target_file_size),
+                    None,
+                    buoyant_kernel::table_properties::DataSkippingNumIndexedCols::NumColumns(32),
+                    None,
+                );
+                writer::FileWriter::Evolving(Box::new(FilesWriter::new(
+                    loaded.meta.object_store(),
+                    config,
+                )))
+            }
+            _ => writer::FileWriter::Blind(Box::new(
+                RecordBatchWriter::for_blind_appends(&loaded.meta)
+                    .map_err(write_err)?
+                    .with_writer_properties(props)
+                    .with_target_file_size(self.options.target_file_size),
+            )),
+        };
+        let (schema, by_name) = match evolution {
+            Some(ev) => (delta_schema(&ev.schema), true),
+            None => (
+                delta_schema(loaded.meta.arrow_schema().map_err(write_err)?.as_ref()),
+                false,
+            ),
+        };
         Ok(Box::new(DeltaBatchWriter {
             table: self.name.clone(),
             batch_id,
             schema,
+            by_name,
             writer,
             rows: 0,
         }))
@@ -595,6 +655,25 @@ impl Sink for DeltaSink {
             .into_iter()
             .flatten()
             .collect();
+        // New columns reach the table with the first batch that has them.
+        let new_metadata = self
+            .evolution
+            .lock()
+            .expect("evolution lock")
+            .as_ref()
+            .and_then(|ev| ev.metadata.clone());
+        if let Some(m) = &new_metadata {
+            if info.write != WriteMode::Append {
+                return Err(Error::InvalidConfig {
+                    table: self.name.clone(),
+                    reason: "merge_schema adds columns with appended batches only; an \
+                             aggregation in update or complete mode cannot change the \
+                             table's columns"
+                        .into(),
+                });
+            }
+            actions.insert(0, Action::Metadata(m.clone()));
+        }
         let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
         // With this query's txn known at the newest version this sink has
         // seen, the log is not re-read: a commit by another writer since
@@ -648,6 +727,9 @@ impl Sink for DeltaSink {
             .await?
         };
         if let Append::Committed(version) = append {
+            if new_metadata.is_some() {
+                self.schema_evolved(loaded).await?;
+            }
             self.after_append(loaded, version, info).await;
             return Ok(CommitOutcome::Committed { version });
         }
@@ -735,6 +817,9 @@ impl Sink for DeltaSink {
                 } else {
                     // The commit returns the new state: no need to re-read the log.
                     table.state = Some(done.snapshot());
+                }
+                if new_metadata.is_some() {
+                    self.schema_evolved(loaded).await?;
                 }
                 self.set_head(version);
                 self.remember_txn(&info.query_id, version, Some(batch))

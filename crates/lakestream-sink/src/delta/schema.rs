@@ -64,6 +64,111 @@ pub fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch
     RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())
 }
 
+/// `batch`'s columns in the order of `schema`'s, matched by name; a
+/// column `batch` lacks is NULL (types are cast afterwards).
+pub(super) fn by_name(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
+    let n = batch.num_rows();
+    let cols: Vec<arrow::array::ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            batch
+                .column_by_name(f.name())
+                .cloned()
+                .unwrap_or_else(|| arrow::array::new_null_array(f.data_type(), n))
+        })
+        .collect();
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .zip(&cols)
+        .map(|(f, c)| Field::new(f.name(), c.data_type().clone(), true))
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(|e| e.to_string())
+}
+
+impl DeltaSink {
+    /// How the query's output `wanted` is written into the table `meta`
+    /// (Arrow columns `existing`) with `merge_schema`: new columns
+    /// appended, nullable, with the metadata to commit; the table's
+    /// columns the query lacks written as NULL. A column of another type,
+    /// or a NOT NULL column the query lacks, is refused.
+    pub(super) fn evolve(
+        &self,
+        meta: &BlindDeltaTable,
+        existing: &Schema,
+        wanted: &Schema,
+    ) -> Result<Evolution> {
+        let mismatch = |reason: String| Error::SchemaMismatch {
+            table: self.name.clone(),
+            reason,
+        };
+        let have = delta_schema(existing);
+        let mut fields: Vec<Field> = existing
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        let mut added = Vec::new();
+        for w in wanted.fields() {
+            match have.field_with_name(w.name()) {
+                Ok(h) if h.data_type() == w.data_type() => {}
+                Ok(h) => {
+                    return Err(mismatch(format!(
+                        "column {} is {} in the table and {} in the query: merge_schema adds \
+                         columns but never changes a column's type; cast it in the query",
+                        w.name(),
+                        h.data_type(),
+                        w.data_type()
+                    )));
+                }
+                Err(_) => {
+                    fields.push(Field::new(w.name(), w.data_type().clone(), true));
+                    added.push(w.name().clone());
+                }
+            }
+        }
+        for h in have.fields() {
+            if wanted.field_with_name(h.name()).is_err() && !h.is_nullable() {
+                return Err(mismatch(format!(
+                    "column {} is NOT NULL in the table and the query no longer produces it",
+                    h.name()
+                )));
+            }
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let metadata = if added.is_empty() {
+            None
+        } else {
+            let kernel: StructType = schema
+                .as_ref()
+                .try_into_kernel()
+                .map_err(|e| mismatch(format!("the new columns cannot be a Delta schema: {e}")))?;
+            use deltalake::kernel::MetadataExt;
+            let m = meta
+                .metadata()
+                .clone()
+                .with_schema(&kernel)
+                .map_err(|e| self.table_err(DeltaTableError::from(e)))?;
+            tracing::info!(table = %self.name, columns = %added.join(", "), "merge_schema: the next commit adds columns to the table");
+            Some(m)
+        };
+        Ok(Evolution { schema, metadata })
+    }
+
+    /// After the commit that added the new columns: later batches are
+    /// plain appends to the evolved table.
+    pub(super) async fn schema_evolved(&self, loaded: &mut Loaded) -> Result<()> {
+        if let Some(ev) = self.evolution.lock().expect("evolution lock").as_mut() {
+            ev.metadata = None;
+        }
+        if let Some(meta) = self.load_meta().await? {
+            loaded.meta = meta;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
