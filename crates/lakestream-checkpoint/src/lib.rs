@@ -639,6 +639,19 @@ impl Checkpoint {
         init_state_at(&self.location, source, file, state).await
     }
 
+    /// Replace `sources/<source>/<file>` (a source's schema that evolved:
+    /// the next run reads the new one). Durable when it returns.
+    pub async fn replace_source_state(
+        &self,
+        source: &str,
+        file: &str,
+        state: serde_json::Value,
+    ) -> Result<()> {
+        let path = self.location.child(&format!("sources/{source}/{file}"));
+        let body = serde_json::json!({ "version": FORMAT_VERSION, "state": state });
+        put_json(&self.location, &path, &body, PutMode::Overwrite).await
+    }
+
     /// Every planned batch id, ascending.
     pub async fn offset_ids(&self) -> Result<Vec<u64>> {
         list_ids(&self.location, "offsets").await

@@ -115,7 +115,9 @@ impl Chaos {
 
         // The same job, killed at random moments and restarted.
         let mut rng = Rng(self.seed);
-        let longest = (control_time.as_millis() as u64).max(50);
+        // Within the first half of a full run's time: a restart that has
+        // less left to do must still be killed mid-way, not finish first.
+        let longest = (control_time.as_millis() as u64 / 2).max(50);
         let mut landed = 0;
         let deadline = Instant::now() + control_time * 20 + Duration::from_secs(300);
         let mut finished = false;

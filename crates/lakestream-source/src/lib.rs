@@ -82,6 +82,25 @@ pub enum Error {
         /// Whether retrying later may succeed (broker down, timeout).
         transient: bool,
     },
+    /// A file has fields the source's schema lacks, and the source evolves
+    /// its schema (`schema_evolution 'add_new_columns'`): the batch stops
+    /// so the query restarts with `schema`.
+    #[error(
+        "source {source_name}: {file} has new fields ({}); the schema with them is recorded \
+         in the checkpoint: restart the query to read them (the batch re-runs with the new \
+         schema; an output table needs OPTIONS ('merge_schema' 'true') to take new columns)",
+        added.join(", ")
+    )]
+    SchemaChanged {
+        /// The source's table name.
+        source_name: String,
+        /// The file with the new fields.
+        file: String,
+        /// The new fields' names.
+        added: Vec<String>,
+        /// The source's schema with the new fields appended (nullable).
+        schema: SchemaRef,
+    },
     /// A record could not be decoded.
     #[error(
         "source {source_name}: malformed input in {file}{}: {reason}; fix the file and \

@@ -42,6 +42,18 @@ fn job(select: &str, out_options: &str) -> String {
     )
 }
 
+/// The table `out` holds `all` once each, with a country exactly for the
+/// events of files 3 and later.
+fn assert_events_once_with_country_from_file_3(dir: &Path, all: &mut [String]) {
+    all.sort();
+    let rows = read_py(&dir.join("out"));
+    assert_exactly_once(&rows, all);
+    for r in &rows {
+        let old = r["event_id"].as_str().unwrap() < "e-003";
+        assert_eq!(r["country"].is_null(), old, "{r}");
+    }
+}
+
 const MERGE: &str = " OPTIONS ('merge_schema' 'true')";
 
 /// The `_delta_log` commits (version, actions) of the table at `table`.
@@ -91,13 +103,7 @@ fn new_columns_join_the_table_in_the_batchs_own_commit_through_sigkills() {
     .unwrap();
     let kills = kill_run_job(dir, 4);
     assert!(kills >= 1, "no kill landed");
-    all.sort();
-    let rows = read_py(&dir.join("out"));
-    assert_exactly_once(&rows, &all);
-    for r in &rows {
-        let old = r["event_id"].as_str().unwrap() < "e-003";
-        assert_eq!(r["country"].is_null(), old, "{r}");
-    }
+    assert_events_once_with_country_from_file_3(dir, &mut all);
     assert_eq!(
         meta_py(&dir.join("out"))["columns"],
         serde_json::json!(["event_id", "user_id", "amount", "country"])
@@ -151,4 +157,53 @@ fn new_columns_join_the_table_in_the_batchs_own_commit_through_sigkills() {
         "{}",
         text(&o)
     );
+}
+
+#[test]
+fn an_inferred_json_schema_takes_new_fields_after_one_stop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut all = write(&dir.join("in"), 0, 3, false);
+    std::fs::write(
+        dir.join("job.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS JSON LOCATION 'in/'\n\
+         OPTIONS ('max_files_per_trigger' '1', 'schema_evolution' 'add_new_columns');\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out' OPTIONS ('merge_schema' 'true');\n\
+         INSERT INTO out SELECT * FROM events;\n",
+    )
+    .unwrap();
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // New files bring a field: the run stops once, naming it.
+    all.extend(write(&dir.join("in"), 3, 3, true));
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("f-003.json has new fields (country)") && err.contains("restart"),
+        "{err}"
+    );
+    let stored = std::fs::read_to_string(dir.join("ckpt/sources/events/schema")).unwrap();
+    assert!(stored.contains("country"), "{stored}");
+
+    // The restart reads them, and the table takes the column.
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_events_once_with_country_from_file_3(dir, &mut all);
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);
+    assert!(o.status.success(), "verify: {}", text(&o));
+
+    // Declared columns do not evolve: refused before anything runs.
+    std::fs::write(
+        dir.join("job2.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events (event_id VARCHAR) STORED AS JSON LOCATION 'in/'\n\
+         OPTIONS ('schema_evolution' 'add_new_columns');\n\
+         CREATE EXTERNAL TABLE out2 STORED AS DELTA LOCATION 'out2';\n\
+         INSERT INTO out2 SELECT * FROM events;\n",
+    )
+    .unwrap();
+    let o = run_available_now(dir, "job2.sql", "ckpt2", &[], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(stderr(&o).contains("declares its columns"), "{}", text(&o));
 }

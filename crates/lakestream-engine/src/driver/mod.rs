@@ -109,6 +109,30 @@ impl Driver {
         }));
     }
 
+    /// A batch's result, after acting on a failure that asks for it: a
+    /// source whose files gained fields has its new schema recorded in the
+    /// checkpoint, for the restart to read them.
+    async fn on_batch_error(&self, r: Result<BatchProgress>) -> Result<BatchProgress> {
+        let e = match r {
+            Ok(p) => return Ok(p),
+            Err(e) => e,
+        };
+        if let Error::SourceInBatch { source, .. } = &e
+            && let lakestream_source::Error::SchemaChanged {
+                source_name,
+                schema,
+                ..
+            } = source.as_ref()
+        {
+            let state = lakestream_job::connectors::files::schema_to_json(schema);
+            self.ckpt
+                .replace_source_state(source_name, "schema", state)
+                .await?;
+            tracing::warn!(source = %source_name, "the source's schema gained columns; recorded in the checkpoint for the next run");
+        }
+        Err(e)
+    }
+
     pub(crate) async fn run(
         self,
         mut stop: watch::Receiver<bool>,
@@ -157,7 +181,8 @@ impl Driver {
             last_start = Some(Instant::now());
             let p = self
                 .run_batch(&entry, Duration::ZERO, Duration::ZERO, true, None)
-                .await?;
+                .await;
+            let p = self.on_batch_error(p).await?;
             self.keep_progress(&p, &mut progress_write).await;
             report(p, &mut summary);
         }
@@ -236,7 +261,8 @@ impl Driver {
             last_start = Some(t_plan);
             let p = self
                 .run_batch(&entry, plan_time, wa_time, false, since_last)
-                .await?;
+                .await;
+            let p = self.on_batch_error(p).await?;
             self.keep_progress(&p, &mut progress_write).await;
             report(p, &mut summary);
             if (next_id + 1).is_multiple_of(self.snapshot_interval) {

@@ -39,6 +39,7 @@ impl SourceConnector for FilesConnector {
             "max_file_age",
             "on_error",
             "dead_letter_location",
+            "schema_evolution",
         ]
     }
 
@@ -102,6 +103,27 @@ impl SourceConnector for FilesConnector {
             })?;
         }
         fo.on_error = ctx.on_error()?;
+        if let Some(v) = ctx.option("schema_evolution") {
+            fo.schema_evolution = match v.to_ascii_lowercase().as_str() {
+                "none" => false,
+                "add_new_columns" => true,
+                _ => {
+                    return Err(ctx.error(format!(
+                        "option schema_evolution of {}: {v:?} is not a mode; use \
+                         'add_new_columns' or 'none' (the default)",
+                        t.name
+                    )));
+                }
+            };
+            if fo.schema_evolution && t.schema.is_some() {
+                return Err(ctx.error(format!(
+                    "{} declares its columns and sets schema_evolution 'add_new_columns': the \
+                     schema evolves when it is inferred (and kept in the checkpoint); declare \
+                     new columns yourself, or leave the column list out",
+                    t.name
+                )));
+            }
+        }
         fo.path_glob = ctx.option("path_glob").map(str::to_string);
         fo.modified_after_ms = ctx.time_ms("modified_after")?;
         fo.modified_before_ms = ctx.time_ms("modified_before")?;
@@ -191,7 +213,9 @@ async fn inferred_schema(
     schema_from_json(&v).ok_or_else(corrupt)
 }
 
-fn schema_to_json(schema: &Schema) -> serde_json::Value {
+/// A stream's schema as the checkpoint keeps it (`sources/<table>/schema`):
+/// an array of `{name, type, nullable}`.
+pub fn schema_to_json(schema: &Schema) -> serde_json::Value {
     serde_json::Value::Array(
         schema
             .fields()

@@ -4,6 +4,7 @@
 //! declared schema.
 
 use super::*;
+use arrow::datatypes::Field;
 
 pub(super) async fn get_all(
     name: &str,
@@ -31,10 +32,13 @@ pub(super) enum TextDecoder {
 }
 
 impl TextDecoder {
+    /// A decoder of `format` into `schema`; `strict`: a JSON field the
+    /// schema lacks is an error (how new fields are found).
     pub(super) fn new(
         format: &FileFormat,
         schema: SchemaRef,
         batch_size: usize,
+        strict: bool,
     ) -> Result<Self, String> {
         Ok(match format {
             FileFormat::Csv {
@@ -50,6 +54,7 @@ impl TextDecoder {
             _ => Self::Json(
                 arrow::json::ReaderBuilder::new(schema)
                     .with_batch_size(batch_size)
+                    .with_strict_mode(strict)
                     .build_decoder()
                     .map_err(|e| e.to_string())?,
             ),
@@ -94,6 +99,8 @@ pub(super) struct TextState {
     /// Where undecodable lines go (`on_error 'dead_letter'`); `None`: a
     /// bad line fails the read.
     rejects: Option<Rejects>,
+    /// Fields the schema lacks stop the read ([`Error::SchemaChanged`]).
+    evolve: bool,
     /// Rows of this file returned so far.
     rows_out: u64,
     /// Batches decoded line by line after a bad line, still to return.
@@ -107,6 +114,9 @@ pub(super) struct TextOptions {
     pub(super) compression: TextCompression,
     /// Where undecodable lines go (`on_error 'dead_letter'`).
     pub(super) rejects: Option<Rejects>,
+    /// Stop at fields the schema lacks (`schema_evolution
+    /// 'add_new_columns'`, JSON).
+    pub(super) evolve: bool,
 }
 
 pub(super) async fn text_stream(
@@ -121,14 +131,17 @@ pub(super) async fn text_stream(
         batch_size,
         compression,
         rejects,
+        evolve,
     } = options;
     let path = object_path(&entry.path);
     let chunks = decompressed(ranged_chunks(store.clone(), path, entry.size), compression);
     let decoder =
-        TextDecoder::new(&format, schema.clone(), batch_size).map_err(|reason| Error::Schema {
-            source_name: name.clone(),
-            file: entry.path.clone(),
-            reason,
+        TextDecoder::new(&format, schema.clone(), batch_size, evolve).map_err(|reason| {
+            Error::Schema {
+                source_name: name.clone(),
+                file: entry.path.clone(),
+                reason,
+            }
         })?;
     let state = TextState {
         name,
@@ -144,6 +157,7 @@ pub(super) async fn text_stream(
         finished: false,
         batch_size,
         rejects,
+        evolve,
         rows_out: 0,
         queue: VecDeque::new(),
     };
@@ -158,6 +172,16 @@ pub(super) async fn next_text_batch(mut st: TextState) -> Result<Option<(RecordB
         }
         Ok(None) => Ok(None),
         Err(Failed::Store(e)) => Err(e),
+        Err(Failed::Decode(e))
+            if st.evolve
+                && e.to_string().contains("missing from schema")
+                && !e.to_string().contains("whilst decoding field") =>
+        {
+            match new_fields(ErrCtx::of(&st)).await? {
+                Some(changed) => Err(changed),
+                None => Err(locate_text_error(ErrCtx::of(&st), e).await),
+            }
+        }
         Err(Failed::Decode(e)) => match st.rejects.clone() {
             None => Err(locate_text_error(ErrCtx::of(&st), e).await),
             Some(rejects) => {
@@ -178,6 +202,47 @@ pub(super) async fn next_text_batch(mut st: TextState) -> Result<Option<(RecordB
             }
         },
     }
+}
+
+/// The file `st` names has fields its schema lacks: infer the file's
+/// schema and return [`Error::SchemaChanged`] with the new top-level fields
+/// appended (nullable); `None` when no top-level field is new.
+async fn new_fields(st: ErrCtx) -> Result<Option<Error>> {
+    let malformed = |reason: String| Error::Malformed {
+        source_name: st.name.clone(),
+        file: st.path.clone(),
+        line: None,
+        reason,
+    };
+    let bytes = get_all(&st.name, &st.store, &object_path(&st.path)).await?;
+    let bytes = decompress_all(bytes, st.compression)
+        .await
+        .map_err(|e| malformed(format!("cannot decompress: {e}")))?;
+    let (inferred, _) =
+        arrow::json::reader::infer_json_schema(std::io::BufReader::new(bytes.reader()), None)
+            .map_err(|e| malformed(e.to_string()))?;
+    let mut fields: Vec<Field> = st
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut added = Vec::new();
+    for f in inferred.fields() {
+        if st.schema.field_with_name(f.name()).is_err() {
+            fields.push(Field::new(f.name(), f.data_type().clone(), true));
+            added.push(f.name().clone());
+        }
+    }
+    if added.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Error::SchemaChanged {
+        source_name: st.name,
+        file: st.path,
+        added,
+        schema: Arc::new(Schema::new(fields)),
+    }))
 }
 
 /// Why decoding stopped: the store failed, or the text did not decode.
@@ -263,7 +328,7 @@ async fn decode_rest_by_line(
         other => (false, other.clone()),
     };
     let decoder = || {
-        TextDecoder::new(&line_format, st.schema.clone(), batch_size)
+        TextDecoder::new(&line_format, st.schema.clone(), batch_size, false)
             .map_err(|reason| malformed(None, reason))
     };
     let mut already = rows_out;
@@ -493,7 +558,7 @@ pub(super) async fn locate_text_error(st: ErrCtx, err: arrow::error::ArrowError)
             if text.iter().all(|b| b.is_ascii_whitespace()) {
                 continue;
             }
-            let Ok(mut d) = TextDecoder::new(&st.format, st.schema.clone(), 16) else {
+            let Ok(mut d) = TextDecoder::new(&st.format, st.schema.clone(), 16, false) else {
                 break;
             };
             if let Err(e) = d.decode(text).and_then(|_| d.flush()) {

@@ -134,6 +134,11 @@ pub struct FileSourceOptions {
     pub max_file_age_ms: Option<i64>,
     /// What a batch does with a line it cannot decode (JSON and CSV).
     pub on_error: OnError,
+    /// JSON: a file with top-level fields the schema lacks stops the batch
+    /// with [`Error::SchemaChanged`] carrying the schema with them (the
+    /// engine records it for the next run); `false`: such fields are
+    /// ignored.
+    pub schema_evolution: bool,
 }
 
 /// What a batch does with a file it planned that is gone when it runs
@@ -220,6 +225,7 @@ impl FileSourceOptions {
             missing_files: MissingFiles::Fail,
             max_file_age_ms: None,
             on_error: OnError::Fail,
+            schema_evolution: false,
         }
     }
 }
@@ -314,6 +320,14 @@ impl FileSource {
                 "on_error",
                 "'dead_letter' sets aside undecodable lines of JSON and CSV files; a Parquet \
                  file is read whole or not at all"
+                    .into(),
+            ));
+        }
+        if options.schema_evolution && options.format != FileFormat::Json {
+            return Err(invalid(
+                "schema_evolution",
+                "'add_new_columns' applies to JSON files (CSV and Parquet keep the schema \
+                 they started with)"
                     .into(),
             ));
         }
@@ -479,6 +493,7 @@ impl FileSource {
             MissingFiles::Fail => None,
             MissingFiles::Skip => Some(self.skipped.clone()),
         };
+        let evolve = self.options.schema_evolution;
         let rejects = match self.options.on_error {
             OnError::Fail => None,
             OnError::DeadLetter => Some(self.rejected.clone()),
@@ -502,6 +517,7 @@ impl FileSource {
                         batch_size,
                         compression,
                         rejects,
+                        evolve,
                     };
                     text_stream(name, store, entry, schema, options).await
                 }
