@@ -207,3 +207,54 @@ fn an_inferred_json_schema_takes_new_fields_after_one_stop() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(stderr(&o).contains("declares its columns"), "{}", text(&o));
 }
+
+#[test]
+fn a_csv_stream_takes_columns_added_after_its_header_after_one_stop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("in")).unwrap();
+    std::fs::write(dir.join("in/a.csv"), "event_id,amount\na1,1.5\na2,2.5\n").unwrap();
+    std::fs::write(
+        dir.join("job.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS CSV LOCATION 'in/'\n\
+         OPTIONS ('has_header' 'true', 'max_files_per_trigger' '1', 'schema_evolution' 'add_new_columns');\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out' OPTIONS ('merge_schema' 'true');\n\
+         INSERT INTO out SELECT * FROM events;\n",
+    )
+    .unwrap();
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::write(
+        dir.join("in/b.csv"),
+        "event_id,amount,country,visits\nb1,3.5,nl,3\nb2,4.5,fr,4\n",
+    )
+    .unwrap();
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("b.csv has new fields (country, visits)"),
+        "{}",
+        text(&o)
+    );
+    let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut rows: Vec<String> = read_py(&dir.join("out"))
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} {} {}",
+                r["event_id"], r["amount"], r["country"], r["visits"]
+            )
+        })
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        [
+            "\"a1\" 1.5 null null",
+            "\"a2\" 2.5 null null",
+            "\"b1\" 3.5 \"nl\" 3",
+            "\"b2\" 4.5 \"fr\" 4"
+        ]
+    );
+}

@@ -171,7 +171,7 @@ pub(super) async fn next_text_batch(mut st: TextState) -> Result<Option<(RecordB
             Ok(Some((b, st)))
         }
         Ok(None) => Ok(None),
-        Err(Failed::Store(e)) => Err(e),
+        Err(Failed::Read(e)) => Err(e),
         Err(Failed::Decode(e))
             if st.evolve
                 && e.to_string().contains("missing from schema")
@@ -221,37 +221,105 @@ async fn new_fields(st: ErrCtx) -> Result<Option<Error>> {
     let (inferred, _) =
         arrow::json::reader::infer_json_schema(std::io::BufReader::new(bytes.reader()), None)
             .map_err(|e| malformed(e.to_string()))?;
-    let mut fields: Vec<Field> = st
-        .schema
+    let new: Vec<&Field> = inferred
         .fields()
         .iter()
-        .map(|f| f.as_ref().clone())
+        .map(|f| f.as_ref())
+        .filter(|f| st.schema.field_with_name(f.name()).is_err())
         .collect();
-    let mut added = Vec::new();
-    for f in inferred.fields() {
-        if st.schema.field_with_name(f.name()).is_err() {
-            fields.push(Field::new(f.name(), f.data_type().clone(), true));
-            added.push(f.name().clone());
-        }
-    }
-    if added.is_empty() {
+    if new.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Error::SchemaChanged {
-        source_name: st.name,
-        file: st.path,
-        added,
-        schema: Arc::new(Schema::new(fields)),
-    }))
+    Ok(Some(schema_changed(&st.name, &st.path, &st.schema, &new)))
 }
 
-/// Why decoding stopped: the store failed, or the text did not decode.
+/// The next chunk of the file into `st.buf` (or `st.eof`).
+async fn pull(st: &mut TextState) -> Result<(), Failed> {
+    match st.chunks.next().await {
+        Some(Ok(b)) => st.buf = b,
+        Some(Err(e)) => {
+            return Err(Failed::Read(Error::Store {
+                source_name: st.name.clone(),
+                file: st.entry.path.clone(),
+                source: e,
+            }));
+        }
+        None => st.eof = true,
+    }
+    Ok(())
+}
+
+/// A CSV file whose header is the schema's columns followed by more:
+/// [`Error::SchemaChanged`] with those appended (types inferred from the
+/// first chunk's rows). `None` when the header adds nothing, or does not
+/// start with the schema's columns (then the file is read as before).
+fn csv_new_columns(st: &TextState, delimiter: u8) -> Option<Error> {
+    let end = st.buf.iter().rposition(|b| *b == b'\n')?;
+    let sample = &st.buf[..=end];
+    let (inferred, _) = arrow::csv::reader::Format::default()
+        .with_header(true)
+        .with_delimiter(delimiter)
+        .infer_schema(std::io::Cursor::new(sample), Some(1000))
+        .ok()?;
+    let names: Vec<&String> = inferred.fields().iter().map(|f| f.name()).collect();
+    let known = st.schema.fields().len();
+    if names.len() <= known
+        || !st
+            .schema
+            .fields()
+            .iter()
+            .zip(&names)
+            .all(|(f, n)| f.name() == *n)
+    {
+        return None;
+    }
+    let new: Vec<&Field> = inferred.fields()[known..]
+        .iter()
+        .map(|f| f.as_ref())
+        .collect();
+    Some(schema_changed(&st.name, &st.entry.path, &st.schema, &new))
+}
+
+/// [`Error::SchemaChanged`]: `file` of source `name` adds `new` to
+/// `schema` (appended, nullable).
+fn schema_changed(name: &str, file: &str, schema: &Schema, new: &[&Field]) -> Error {
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.extend(
+        new.iter()
+            .map(|f| Field::new(f.name(), f.data_type().clone(), true)),
+    );
+    Error::SchemaChanged {
+        source_name: name.to_string(),
+        file: file.to_string(),
+        added: new.iter().map(|f| f.name().clone()).collect(),
+        schema: Arc::new(Schema::new(fields)),
+    }
+}
+
+/// Why decoding stopped: the read failed (the store, or a CSV header with
+/// new columns), or the text did not decode.
 enum Failed {
-    Store(Error),
+    Read(Error),
     Decode(arrow::error::ArrowError),
 }
 
 async fn next_decoded(st: &mut TextState) -> Result<Option<RecordBatch>, Failed> {
+    if st.evolve
+        && st.rows_out == 0
+        && st.queue.is_empty()
+        && let FileFormat::Csv {
+            has_header: true,
+            delimiter,
+        } = st.format
+        && st.buf.is_empty()
+        && !st.eof
+    {
+        // The first chunk, to compare the header with the schema.
+        pull(st).await?;
+        if let Some(changed) = csv_new_columns(st, delimiter) {
+            return Err(Failed::Read(changed));
+        }
+    }
     loop {
         if let Some(b) = st.queue.pop_front() {
             return Ok(Some(b));
@@ -260,17 +328,7 @@ async fn next_decoded(st: &mut TextState) -> Result<Option<RecordBatch>, Failed>
             return Ok(None);
         }
         if st.buf.is_empty() && !st.eof {
-            match st.chunks.next().await {
-                Some(Ok(b)) => st.buf = b,
-                Some(Err(e)) => {
-                    return Err(Failed::Store(Error::Store {
-                        source_name: st.name.clone(),
-                        file: st.entry.path.clone(),
-                        source: e,
-                    }));
-                }
-                None => st.eof = true,
-            }
+            pull(st).await?;
         }
         if st.eof && st.buf.is_empty() {
             // An empty buffer tells the CSV decoder the last line has ended.

@@ -134,7 +134,8 @@ pub struct FileSourceOptions {
     pub max_file_age_ms: Option<i64>,
     /// What a batch does with a line it cannot decode (JSON and CSV).
     pub on_error: OnError,
-    /// JSON: a file with top-level fields the schema lacks stops the batch
+    /// JSON (and CSV with a header, new columns after the known ones): a
+    /// file with top-level fields the schema lacks stops the batch
     /// with [`Error::SchemaChanged`] carrying the schema with them (the
     /// engine records it for the next run); `false`: such fields are
     /// ignored.
@@ -323,11 +324,20 @@ impl FileSource {
                     .into(),
             ));
         }
-        if options.schema_evolution && options.format != FileFormat::Json {
+        let evolvable = matches!(
+            options.format,
+            FileFormat::Json
+                | FileFormat::Csv {
+                    has_header: true,
+                    ..
+                }
+        );
+        if options.schema_evolution && !evolvable {
             return Err(invalid(
                 "schema_evolution",
-                "'add_new_columns' applies to JSON files (CSV and Parquet keep the schema \
-                 they started with)"
+                "'add_new_columns' applies to JSON files and CSV files with a header (new \
+                 columns after the known ones); Parquet and headerless CSV keep the schema \
+                 they started with"
                     .into(),
             ));
         }
