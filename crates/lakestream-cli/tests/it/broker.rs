@@ -253,3 +253,21 @@ pub(crate) fn kafka_job(bootstrap: &str, topic: &str, table: &str, options: &str
          INSERT INTO out SELECT order_id, customer_id, amount, ts, _topic, _partition, _offset FROM orders;\n"
     )
 }
+
+/// `rows` (read from a table with `_partition` and `_offset`) hold exactly
+/// the records `placed` says were produced (partition, offset), once each.
+pub(crate) fn assert_records_once(rows: &[serde_json::Value], placed: &[(i32, i64)]) {
+    let mut seen: Vec<(i64, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["_partition"].as_i64().unwrap(),
+                r["_offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let mut want: Vec<(i64, i64)> = placed.iter().map(|(p, o)| (i64::from(*p), *o)).collect();
+    want.sort();
+    assert_eq!(seen, want, "every record exactly once");
+}

@@ -3,7 +3,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::broker::{Broker, kafka_job, orders};
+use crate::broker::{Broker, assert_records_once, kafka_job, orders};
 use crate::common::*;
 
 fn run_job(dir: &std::path::Path, ckpt: &str) -> std::process::Output {
@@ -103,19 +103,7 @@ fn kafka_to_delta_exactly_once_through_sigkills() {
         "every record exactly once"
     );
     // The metadata columns say where each row came from.
-    let mut seen: Vec<(i64, i64)> = rows
-        .iter()
-        .map(|r| {
-            (
-                r["_partition"].as_i64().unwrap(),
-                r["_offset"].as_i64().unwrap(),
-            )
-        })
-        .collect();
-    seen.sort();
-    let mut want: Vec<(i64, i64)> = placed.iter().map(|(p, o)| (*p as i64, *o)).collect();
-    want.sort();
-    assert_eq!(seen, want);
+    assert_records_once(&rows, &placed);
     assert!(rows.iter().all(|r| r["_topic"] == "orders"));
     // Secrets never reach output or the checkpoint.
     assert!(!outputs.contains("hunter2"), "a secret was printed");

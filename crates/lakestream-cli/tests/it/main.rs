@@ -17,4 +17,5 @@ mod ops;
 mod pipeline;
 mod quickstart;
 mod s3;
+mod shards;
 mod signals;

@@ -40,6 +40,7 @@ impl SourceConnector for FilesConnector {
             "on_error",
             "dead_letter_location",
             "schema_evolution",
+            "shard",
         ]
     }
 
@@ -103,6 +104,15 @@ impl SourceConnector for FilesConnector {
             })?;
         }
         fo.on_error = ctx.on_error()?;
+        if let Some(v) = ctx.option("shard") {
+            fo.shard = Some(lakestream_source::files::Shard::parse(v).ok_or_else(|| {
+                ctx.error(format!(
+                    "option shard of {}: {v:?} is not a shard; give 'i/n' with 0 <= i < n, \
+                     e.g. '0/4' .. '3/4' for four processes",
+                    t.name
+                ))
+            })?);
+        }
         if let Some(v) = ctx.option("schema_evolution") {
             fo.schema_evolution = match v.to_ascii_lowercase().as_str() {
                 "none" => false,

@@ -38,6 +38,7 @@ impl SourceConnector for KafkaConnector {
             "consumers",
             "on_error",
             "dead_letter_location",
+            "partitions",
         ]
     }
 
@@ -179,6 +180,19 @@ impl SourceConnector for KafkaConnector {
             o.batch_size = b;
         }
         o.on_error = ctx.on_error()?;
+        if let Some(v) = ctx.option("partitions") {
+            let parsed: Option<std::collections::BTreeSet<i32>> = v
+                .split(',')
+                .map(|p| p.trim().parse::<i32>().ok().filter(|p| *p >= 0))
+                .collect();
+            o.partitions = Some(parsed.filter(|p| !p.is_empty()).ok_or_else(|| {
+                ctx.error(format!(
+                    "option partitions of {}: {v:?} is not a list of partition numbers; give \
+                     e.g. '0,2,4'",
+                    t.name
+                ))
+            })?);
+        }
         if let Some(n) = ctx.count("consumers")? {
             o.consumers = n;
         }

@@ -85,6 +85,12 @@ pub const DEFAULT_CHECKPOINT_INTERVAL: u64 = 10;
 /// checkpoint commit at most once per this many versions.
 const CLEANUP_EVERY_VERSIONS: u64 = 100;
 
+/// Times delta-rs's commit rebases a batch over other writers' commits
+/// before giving up (its default, 15, runs out when several processes
+/// append to one table back to back: each attempt reads the commits that
+/// won and tries the next version, and appends never conflict with them).
+const COMMIT_RETRIES: usize = 100;
+
 /// Settings of a [`DeltaSink`].
 #[derive(Clone)]
 pub struct DeltaSinkOptions {
@@ -292,15 +298,25 @@ impl DeltaSink {
     /// The table's metadata at its latest version, without its file list:
     /// `None` when no table is there yet.
     async fn load_meta(&self) -> Result<Option<BlindDeltaTable>> {
-        match BlindDeltaTable::try_new_with_log_store(self.log_store()?).await {
-            Ok(meta) => Ok(Some(meta)),
-            Err(DeltaTableError::NotATable(msg)) => {
-                no_table_at(&self.location, &msg)
+        // Another process may create the table between delta-rs's look and
+        // ours (several processes starting on one new table): a log that
+        // has commits by the time we list it is loaded again.
+        let mut attempt = 0;
+        loop {
+            match BlindDeltaTable::try_new_with_log_store(self.log_store()?).await {
+                Ok(meta) => return Ok(Some(meta)),
+                Err(DeltaTableError::NotATable(msg)) => match no_table_at(&self.location, &msg)
                     .await
-                    .map_err(|e| self.table_err(e))?;
-                Ok(None)
+                {
+                    Ok(()) => return Ok(None),
+                    Err(e) if attempt >= 3 => return Err(self.table_err(e)),
+                    Err(_) => {
+                        attempt += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(20 * attempt)).await;
+                    }
+                },
+                Err(e) => return Err(self.table_err(e)),
             }
-            Err(e) => Err(self.table_err(e)),
         }
     }
 
@@ -420,20 +436,76 @@ async fn load_checked(location: &Location, table: &mut DeltaTable) -> Result<(),
     }
 }
 
-/// After delta-rs found no table at `location` (`msg`): `Ok` when there is
-/// really no log at all. A log that could not be listed or read (a store
+/// After delta-rs found no table at `location` (`msg`): `Ok` when the log
+/// holds no commit or checkpoint (nothing at all, or only another writer's
+/// temporary file while it creates the table: several processes starting
+/// on one new table). A log that could not be listed or read (a store
 /// error on the way) is an error, never a reason to create the table
 /// afresh or read its files raw.
 async fn no_table_at(location: &Location, msg: &str) -> Result<(), DeltaTableError> {
-    use futures::StreamExt;
+    use futures::TryStreamExt;
     let log = location.child("_delta_log");
-    match location.store().list(Some(&log)).next().await {
-        None => Ok(()),
-        Some(Err(e)) => Err(DeltaTableError::ObjectStore { source: e }),
-        Some(Ok(_)) => Err(DeltaTableError::Generic(format!(
-            "the table has a _delta_log that could not be loaded ({msg}); retry, or check the \
-             store"
-        ))),
+    let mut entries = location.store().list(Some(&log));
+    while let Some(meta) = entries
+        .try_next()
+        .await
+        .map_err(|source| DeltaTableError::ObjectStore { source })?
+    {
+        if meta.location.filename().is_some_and(is_log_file) {
+            return Err(DeltaTableError::Generic(format!(
+                "the table has a _delta_log that could not be loaded ({msg}); retry, or check \
+                 the store"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `name` (in `_delta_log/`) is a commit (`N.json`), a checkpoint
+/// (`N.checkpoint[.i.n].parquet`) or the checkpoint pointer, rather than a
+/// writer's temporary file (the local store stages a create-if-absent as
+/// `N.json#1` before linking it in place).
+fn is_log_file(name: &str) -> bool {
+    if name == "_last_checkpoint" {
+        return true;
+    }
+    let Some((version, rest)) = name.split_once('.') else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if version.len() != 20 || !digits(version) {
+        return false;
+    }
+    match rest.strip_prefix("checkpoint.") {
+        None => rest == "json",
+        Some(tail) => {
+            let parts: Vec<&str> = tail.split('.').collect();
+            matches!(parts.as_slice(), ["parquet"])
+                || matches!(parts.as_slice(), [i, n, "parquet"] if digits(i) && digits(n))
+        }
+    }
+}
+
+#[cfg(test)]
+mod log_file_tests {
+    #[test]
+    fn only_commits_checkpoints_and_the_pointer_make_a_log() {
+        for yes in [
+            "00000000000000000000.json",
+            "00000000000000000009.checkpoint.parquet",
+            "00000000000000000009.checkpoint.0000000001.0000000002.parquet",
+            "_last_checkpoint",
+        ] {
+            assert!(super::is_log_file(yes), "{yes}");
+        }
+        for no in [
+            "00000000000000000000.json#1",
+            "_commit_0f3a.json.tmp",
+            "00000000000000000000.crc.tmp",
+            "0.json",
+        ] {
+            assert!(!super::is_log_file(no), "{no}");
+        }
     }
 }
 
@@ -757,6 +829,7 @@ impl Sink for DeltaSink {
         let table = self.full(loaded).await?;
         let next = table.version().unwrap_or_default() + 1;
         let props = CommitProperties::default()
+            .with_max_retries(COMMIT_RETRIES)
             .with_cleanup_expired_logs(Some((next + 1).is_multiple_of(cleanup_every(interval))))
             .with_application_transaction(transaction)
             .with_metadata(app_metadata);

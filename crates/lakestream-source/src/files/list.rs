@@ -16,6 +16,7 @@ pub(super) struct ListFilter<'a> {
     glob: Option<&'a glob::Pattern>,
     after_ms: Option<i64>,
     before_ms: Option<i64>,
+    shard: Option<Shard>,
 }
 
 impl<'a> ListFilter<'a> {
@@ -24,6 +25,7 @@ impl<'a> ListFilter<'a> {
             glob,
             after_ms: options.modified_after_ms,
             before_ms: options.modified_before_ms,
+            shard: options.shard,
         }
     }
 }
@@ -93,11 +95,14 @@ pub(super) async fn list_files(
             {
                 return false;
             }
+            let rel_path = || rel.iter().map(|p| p.as_ref()).collect::<Vec<_>>().join("/");
+            if let Some(shard) = filter.shard
+                && !shard.owns(&rel_path())
+            {
+                return false;
+            }
             match filter.glob {
-                Some(g) => {
-                    let rel = rel.iter().map(|p| p.as_ref()).collect::<Vec<_>>().join("/");
-                    g.matches_with(&rel, glob_opts)
-                }
+                Some(g) => g.matches_with(&rel_path(), glob_opts),
                 None => true,
             }
         })
@@ -109,4 +114,74 @@ pub(super) async fn list_files(
         .collect();
     files.sort_by(|a, b| a.mtime_ms.cmp(&b.mtime_ms).then(a.path.cmp(&b.path)));
     Ok(files)
+}
+
+/// One of `count` processes that share a location's files: it reads the
+/// files whose path (below the location) hashes to `index` (option
+/// `shard 'index/count'`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This process's shard, from 0.
+    pub index: u64,
+    /// How many shards there are.
+    pub count: u64,
+}
+
+impl Shard {
+    /// `"2/8"` as shard 2 of 8 (`index < count`, `count >= 1`).
+    pub fn parse(s: &str) -> Option<Self> {
+        let (i, n) = s.split_once('/')?;
+        let (index, count) = (i.trim().parse().ok()?, n.trim().parse().ok()?);
+        (count >= 1 && index < count).then_some(Self { index, count })
+    }
+
+    /// Whether the file at `rel` (its path below the location) is this
+    /// shard's: FNV-1a (64 bit) of the path's bytes, modulo the count.
+    /// Stable across processes, machines and versions, so every file
+    /// belongs to exactly one shard.
+    pub fn owns(&self, rel: &str) -> bool {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in rel.as_bytes() {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h % self.count == self.index
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_path_belongs_to_exactly_one_shard_and_the_hash_is_fixed() {
+        let shards: Vec<Shard> = (0..4).map(|i| Shard { index: i, count: 4 }).collect();
+        let mut per = [0usize; 4];
+        for n in 0..1000 {
+            let path = format!("day=2026-01-{:02}/part-{n:05}.json", n % 28 + 1);
+            let owners: Vec<usize> = (0..4).filter(|i| shards[*i].owns(&path)).collect();
+            assert_eq!(owners.len(), 1, "{path}");
+            per[owners[0]] += 1;
+        }
+        assert!(per.iter().all(|n| *n > 180), "{per:?}");
+        // FNV-1a of "a" is 0xaf63dc4c8601ec8c: a change of hash would move
+        // files between shards of running jobs.
+        assert!(
+            Shard {
+                index: 0xaf63dc4c8601ec8c % 7,
+                count: 7
+            }
+            .owns("a")
+        );
+        assert_eq!(Shard::parse("2/8"), Some(Shard { index: 2, count: 8 }));
+        assert_eq!(Shard::parse("8/8"), None);
+        assert_eq!(Shard::parse("1/0"), None);
+        assert_eq!(Shard::parse("x"), None);
+    }
 }

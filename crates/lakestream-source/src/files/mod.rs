@@ -61,6 +61,7 @@ mod list;
 mod seen;
 
 use decode::*;
+pub use list::Shard;
 use list::*;
 use seen::*;
 
@@ -134,6 +135,9 @@ pub struct FileSourceOptions {
     pub max_file_age_ms: Option<i64>,
     /// What a batch does with a line it cannot decode (JSON and CSV).
     pub on_error: OnError,
+    /// Read only the files of this shard (several processes sharing one
+    /// location, each with its own checkpoint).
+    pub shard: Option<Shard>,
     /// JSON (and CSV with a header, new columns after the known ones): a
     /// file with top-level fields the schema lacks stops the batch
     /// with [`Error::SchemaChanged`] carrying the schema with them (the
@@ -227,6 +231,7 @@ impl FileSourceOptions {
             max_file_age_ms: None,
             on_error: OnError::Fail,
             schema_evolution: false,
+            shard: None,
         }
     }
 }
@@ -668,9 +673,14 @@ impl Source for FileSource {
     }
 
     fn identity(&self) -> SourceIdentity {
+        // A checkpoint of one shard must not be reused by another.
+        let location = match self.options.shard {
+            Some(s) => format!("{} shard {s}", self.location.url()),
+            None => self.location.url().to_string(),
+        };
         SourceIdentity {
             kind: "files".into(),
-            location: self.location.url().to_string(),
+            location,
         }
     }
 

@@ -210,6 +210,10 @@ pub struct KafkaSourceOptions {
     pub consumers: usize,
     /// What a batch does with a record whose value it cannot decode.
     pub on_error: crate::OnError,
+    /// Read only these partitions of each topic (a static share of the
+    /// topic for one of several processes, each with its own checkpoint);
+    /// `None`: all.
+    pub partitions: Option<std::collections::BTreeSet<i32>>,
 }
 
 impl KafkaSourceOptions {
@@ -232,6 +236,7 @@ impl KafkaSourceOptions {
             batch_size: 8192,
             consumers: 1,
             on_error: crate::OnError::Fail,
+            partitions: None,
         }
     }
 }
@@ -261,6 +266,7 @@ impl std::fmt::Debug for KafkaSourceOptions {
             .field("max_offsets_per_trigger", &self.max_offsets_per_trigger)
             .field("fail_on_data_loss", &self.fail_on_data_loss)
             .field("on_error", &self.on_error)
+            .field("partitions", &self.partitions)
             .field("isolation_level", &self.isolation_level)
             .field("read_timeout", &self.read_timeout)
             .field("request_timeout", &self.request_timeout)
@@ -639,6 +645,18 @@ impl Source for KafkaSource {
         // checkpoint's offsets look truncated or reach past open
         // transactions.
         let location = format!("{location} ({})", self.options.isolation_level.as_str());
+        // A checkpoint of one share of the partitions must not be reused by
+        // another.
+        let location = match &self.options.partitions {
+            Some(p) => format!(
+                "{location} partitions {}",
+                p.iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            None => location,
+        };
         SourceIdentity {
             kind: "kafka".into(),
             location,

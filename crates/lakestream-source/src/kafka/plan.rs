@@ -157,9 +157,12 @@ pub(super) struct Watermarks {
 /// Watermark requests in flight at once while planning.
 pub(super) const WATERMARK_REQUESTS: usize = 16;
 
+/// The watermarks of every partition of `topics` (only those in `only`,
+/// when given).
 pub(super) fn fetch_watermarks(
     consumer: &BaseConsumer,
     topics: &Topics,
+    only_partitions: Option<&std::collections::BTreeSet<i32>>,
     timeout: Duration,
 ) -> Result<Watermarks, KafkaError> {
     // One named topic: ask for its metadata only.
@@ -180,7 +183,12 @@ pub(super) fn fetch_watermarks(
         if let Some(e) = t.error() {
             return Err(KafkaError::MetadataFetch(e.into()));
         }
-        let ids: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+        let ids: Vec<i32> = t
+            .partitions()
+            .iter()
+            .map(|p| p.id())
+            .filter(|p| only_partitions.is_none_or(|o| o.contains(p)))
+            .collect();
         let name = t.name();
         let mut parts = BTreeMap::new();
         // One request per partition: ask for up to WATERMARK_REQUESTS at
@@ -328,6 +336,7 @@ impl KafkaSource {
     pub(super) async fn watermarks(&self) -> Result<Watermarks> {
         let consumer = self.planner()?;
         let topics = self.options.topics.clone();
+        let only = self.options.partitions.clone();
         let timeout = self.options.request_timeout;
         let name = self.name.clone();
         let what = format!(
@@ -336,7 +345,7 @@ impl KafkaSource {
             self.options.bootstrap_servers
         );
         tokio::task::spawn_blocking(move || {
-            fetch_watermarks(&consumer, &topics, timeout).map_err(|e| Error::Kafka {
+            fetch_watermarks(&consumer, &topics, only.as_ref(), timeout).map_err(|e| Error::Kafka {
                 source_name: name,
                 what,
                 transient: is_transient(&e),
