@@ -355,6 +355,64 @@ fn update_cost(dir: &Path, rows: u64, batches: u64) -> anyhow::Result<f64> {
     Ok(percentile(&totals, 0.5))
 }
 
+/// What [`writers_cost`] measured.
+struct WritersCost {
+    commits: u64,
+    retries: u64,
+    commit_median_ms: f64,
+    wall: Duration,
+}
+
+/// `writers` processes, each `shard i/writers` of `files` one-file batches
+/// (10 events each), committing into one table at once.
+fn writers_cost(dir: &Path, files: u64, writers: u64) -> anyhow::Result<WritersCost> {
+    std::fs::create_dir_all(dir.join("events"))?;
+    for i in 0..files {
+        let body: String = (0..10)
+            .map(|j| {
+                format!(
+                    "{{\"event_id\":\"w{i}-{j}\",\"user_id\":{j},\"event_type\":\"view\",\"amount\":{}.5,\"ts\":\"2026-01-01T00:00:00Z\"}}\n",
+                    j + 1
+                )
+            })
+            .collect();
+        std::fs::write(dir.join("events").join(format!("w{i:06}.json")), body)?;
+    }
+    for i in 0..writers {
+        write_job(
+            dir,
+            &format!("job{i}.sql"),
+            "out",
+            &format!("'max_files_per_trigger' '1', 'shard' '{i}/{writers}'"),
+        )?;
+    }
+    let start = Instant::now();
+    let reports: Vec<RunReport> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..writers)
+            .map(|i| s.spawn(move || run_job(dir, &format!("job{i}.sql"), &format!("ckpt{i}"))))
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("writer thread"))
+            .collect::<anyhow::Result<_>>()
+    })?;
+    let wall = start.elapsed();
+    let progress: Vec<&serde_json::Value> = reports.iter().flat_map(|r| &r.progress).collect();
+    let mut commit_ms: Vec<f64> = progress
+        .iter()
+        .filter_map(|p| p["durations"]["commit_ms"].as_f64())
+        .collect();
+    commit_ms.sort_by(f64::total_cmp);
+    Ok(WritersCost {
+        commits: progress.len() as u64,
+        retries: progress
+            .iter()
+            .filter_map(|p| p["commit_retries"].as_u64())
+            .sum(),
+        commit_median_ms: percentile(&commit_ms, 0.5),
+        wall,
+    })
+}
+
 fn write_job(dir: &Path, name: &str, table: &str, options: &str) -> anyhow::Result<()> {
     let opts = if options.is_empty() {
         String::new()
@@ -605,6 +663,28 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         figure(
             &format!("overhead.{}", key.trim_end_matches("_ms")),
             format!("{:.2}", median_of(&r.progress, key)),
+            "ms",
+        );
+    }
+
+    // 3b. several writers, one table: shards of the tiny files, each its
+    // own process and checkpoint, committing into one table at once.
+    let files = (cfg.tiny_batches * 2 / 3).max(4);
+    for writers in [1u64, 2, 4] {
+        let w = writers_cost(&dir.join(format!("writers-{writers}")), files, writers)?;
+        figure(
+            &format!("writers.{writers}.commits_per_s"),
+            format!("{:.1}", w.commits as f64 / w.wall.as_secs_f64()),
+            "commits/s",
+        );
+        figure(
+            &format!("writers.{writers}.retried"),
+            format!("{:.1}", 100.0 * w.retries as f64 / w.commits.max(1) as f64),
+            "% of commits",
+        );
+        figure(
+            &format!("writers.{writers}.commit_median"),
+            format!("{:.2}", w.commit_median_ms),
             "ms",
         );
     }
