@@ -124,6 +124,7 @@ async fn commit(sink: &DeltaSink, one: &RecordBatch, id: u64) -> lakestream::sin
             batch_id: id,
             metadata: Default::default(),
             write: Default::default(),
+            claims: Vec::new(),
         },
     )
     .await

@@ -305,6 +305,10 @@ pub struct CommitEntry {
     /// is the first output's. Empty for one output.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub outputs: BTreeMap<String, u64>,
+    /// Set when the batch was dropped, not committed: another writer moved
+    /// a source position it claimed first (Kafka group mode). Says which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded: Option<String>,
 }
 
 impl CommitEntry {
@@ -317,6 +321,7 @@ impl CommitEntry {
             skipped,
             committed_at_ms: now_ms(),
             outputs: BTreeMap::new(),
+            superseded: None,
         }
     }
 

@@ -38,6 +38,56 @@ impl LogCommit {
     }
 }
 
+/// Positions kept in the table (Kafka group mode): over every commit of
+/// every process, each partition's ranges (`commitInfo.lakestream.positions`)
+/// must follow one another with no gap and no overlap, and each commit's
+/// txn must record where its range ended.
+fn check_position_chains(commits: &[LogCommit], r: &mut Report) {
+    let mut last: BTreeMap<String, (u64, i64)> = BTreeMap::new();
+    for c in commits {
+        let Some(positions) = c
+            .lakestream()
+            .and_then(|l| l.get("positions"))
+            .and_then(|p| p.as_object())
+        else {
+            continue;
+        };
+        for (app_id, range) in positions {
+            let (Some(from), Some(to)) = (range[0].as_i64(), range[1].as_i64()) else {
+                r.errors.push(format!(
+                    "version {}: position {app_id} has no [from, to] range: {range}",
+                    c.version
+                ));
+                continue;
+            };
+            if c.txns.get(app_id).map(|v| *v as i64) != Some(to) {
+                r.errors.push(format!(
+                    "version {}: position {app_id} ends at {to} but the commit's txn for it \
+                     says {:?}",
+                    c.version,
+                    c.txns.get(app_id)
+                ));
+            }
+            if let Some((pv, prev_to)) = last.get(app_id)
+                && *prev_to != from
+            {
+                r.errors.push(format!(
+                    "position {app_id}: version {} reads from {from} but version {pv} ended at \
+                     {prev_to}: {}",
+                    c.version,
+                    if from > *prev_to {
+                        "offsets skipped (lost)"
+                    } else {
+                        "offsets read twice (duplicated)"
+                    }
+                ));
+            }
+            last.insert(app_id.clone(), (c.version, to));
+        }
+    }
+    r.positions_checked = last.len() as u64;
+}
+
 /// Read commit `version` of `table`; `None` when the log no longer has it
 /// (removed by log retention).
 async fn read_commit(table: &DeltaTable, version: u64) -> anyhow::Result<Option<LogCommit>> {
@@ -267,6 +317,9 @@ struct Report {
     warnings: Vec<String>,
     /// Files in the table's directory no commit references.
     orphans: Vec<String>,
+    /// Source positions kept in the table (Kafka group mode) whose chain
+    /// of ranges was checked.
+    positions_checked: u64,
 }
 
 /// `lakestream verify`: check the tables of the checkpoint's query (each
@@ -360,6 +413,12 @@ pub(crate) async fn verify(
                 r.versions_checked,
                 r.first_version
             );
+            if r.positions_checked > 0 {
+                outln!(
+                    "positions: {} partitions' ranges chained across every writer of the table",
+                    r.positions_checked
+                );
+            }
             for e in &r.errors {
                 outln!("error: {e}");
             }
@@ -454,12 +513,30 @@ async fn verify_table(
             ));
         }
     }
+    // Batches dropped because another process committed their partitions
+    // first (Kafka group mode) are not in the table, by design.
+    let mut dropped: BTreeSet<u64> = BTreeSet::new();
+    for id in view.commit_ids().await? {
+        if let Some(entry) = view.commit(id).await?
+            && entry.superseded.is_some()
+        {
+            dropped.insert(id);
+            if let Some(cs) = by_batch.get(&id) {
+                r.errors.push(format!(
+                    "batch {id} is marked dropped (superseded) in the checkpoint's commits/{id} \
+                     but the table holds it in version {}",
+                    cs[0].version
+                ));
+            }
+        }
+    }
+    check_position_chains(&commits, &mut r);
     if !check.dead_letters
         && let (Some(&first), Some(&last)) = (by_batch.keys().next(), by_batch.keys().last())
     {
         let from = if r.first_version == 0 { 0 } else { first };
         let missing: Vec<String> = (from..=last)
-            .filter(|b| !by_batch.contains_key(b))
+            .filter(|b| !by_batch.contains_key(b) && !dropped.contains(b))
             .map(|b| b.to_string())
             .collect();
         if !missing.is_empty() {
@@ -476,6 +553,9 @@ async fn verify_table(
         let Some(entry) = view.commit(*id).await? else {
             continue;
         };
+        if entry.superseded.is_some() {
+            continue;
+        }
         match (by_batch.get(id), entry.version_of(identity, sink)) {
             (None, Some(v)) if v >= r.first_version => r.errors.push(format!(
                 "the checkpoint's commits/{id} says batch {id} is in table version {v}, but the \
@@ -521,7 +601,12 @@ async fn verify_table(
         };
         for (source, range) in ranges {
             let (start, end) = (&range["start"], &range["end"]);
+            // Group mode: a process's batches are not one chain (its
+            // partitions change); the chains are per partition, across
+            // processes (`check_position_chains`).
+            let grouped = end.get("group_from").is_some();
             if !check.dead_letters
+                && !grouped
                 && let Some((pb, prev)) = last_end.get(source)
                 && !same_offset(start, prev)
             {

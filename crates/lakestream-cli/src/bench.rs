@@ -7,8 +7,9 @@
 //! batches (per-batch overhead), a long table history (commit time), a
 //! windowed aggregation over the backfill input, tiny batches against a
 //! large and a small aggregation state, update-mode batches merging 100
-//! groups into a large and a small table, and, with a broker, Kafka versus
-//! a raw consume + decode loop.
+//! groups into a large and a small table, several writers into one table,
+//! and, with a broker, Kafka versus a raw consume + decode loop and one
+//! versus two processes sharing the topic in group mode.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -670,7 +671,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     // 3b. several writers, one table: shards of the tiny files, each its
     // own process and checkpoint, committing into one table at once.
     let files = (cfg.tiny_batches * 2 / 3).max(4);
-    for writers in [1u64, 2, 4] {
+    for writers in [1u64, 2, 4, 8] {
         let w = writers_cost(&dir.join(format!("writers-{writers}")), files, writers)?;
         figure(
             &format!("writers.{writers}.commits_per_s"),
@@ -996,7 +997,143 @@ fn kafka_bench(dir: &Path, bootstrap: &str, messages: u64) -> anyhow::Result<()>
         format!("{:.2}", raw / secs),
         "x",
     );
+
+    // Group mode: one, then two processes of one job share the topic.
+    for processes in [1usize, 2] {
+        let g = group_cost(dir, bootstrap, &topic, messages, processes)?;
+        let key = format!("kafka.group.{processes}");
+        figure(
+            &format!("{key}.rate"),
+            format!("{:.0}", messages as f64 / g.busy.as_secs_f64()),
+            "msg/s (first batch to last)",
+        );
+        figure(
+            &format!("{key}.start"),
+            format!("{:.0}", g.join.as_secs_f64() * 1000.0),
+            "ms (spawn to first batch)",
+        );
+        figure(&format!("{key}.batches"), g.batches, "batches");
+        figure(
+            &format!("{key}.superseded"),
+            format!(
+                "{:.1}",
+                100.0 * g.superseded as f64 / g.batches.max(1) as f64
+            ),
+            "% of batches",
+        );
+        figure(
+            &format!("{key}.retried"),
+            format!("{:.1}", 100.0 * g.retries as f64 / g.batches.max(1) as f64),
+            "% of commits",
+        );
+    }
     Ok(())
+}
+
+/// What [`group_cost`] measured.
+struct GroupCost {
+    /// From spawning the processes to the first batch's start.
+    join: Duration,
+    /// From the first batch's start to the table holding every message.
+    busy: Duration,
+    batches: u64,
+    superseded: u64,
+    retries: u64,
+}
+
+/// `processes` processes of one job in one new consumer group read
+/// `topic` (holding `messages`) into one table, until their committed
+/// batches hold every message; then they are stopped with SIGTERM.
+fn group_cost(
+    dir: &Path,
+    bootstrap: &str,
+    topic: &str,
+    messages: u64,
+    processes: usize,
+) -> anyhow::Result<GroupCost> {
+    let job = format!("group{processes}.sql");
+    std::fs::write(
+        dir.join(&job),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (
+               order_id VARCHAR NOT NULL, customer_id BIGINT, amount DOUBLE, ts TIMESTAMP
+             ) STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}'
+             OPTIONS ('group_id' 'bench-{processes}-{pid}', 'max_offsets_per_trigger' '20000',
+                      'kafka.session.timeout.ms' '6000');
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out/group-{processes}';
+             INSERT INTO out SELECT order_id, customer_id, amount, ts FROM orders;",
+            pid = std::process::id()
+        ),
+    )?;
+    let exe = std::env::current_exe()?;
+    let start = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let mut children = Vec::new();
+    for i in 0..processes {
+        let mut child = Command::new(&exe)
+            .current_dir(dir)
+            .args([
+                "run",
+                &job,
+                "--checkpoint",
+                &format!("ckpt/group-{processes}-{i}"),
+                "--trigger",
+                "100ms",
+                "--progress-json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        children.push(child);
+    }
+    let stop = |children: &mut Vec<std::process::Child>| {
+        for c in children.iter_mut() {
+            // SAFETY: kill(2) on a child of this process.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    };
+    let deadline = start + Duration::from_secs(600);
+    let (mut rows, mut batches, mut superseded, mut retries) = (0u64, 0u64, 0u64, 0u64);
+    let mut first: Option<Instant> = None;
+    while rows < messages {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(p) = rx.recv_timeout(left) else {
+            stop(&mut children);
+            bail!(
+                "group mode with {processes} processes read {rows} of {messages} messages in 600 s"
+            );
+        };
+        let took =
+            Duration::from_secs_f64(p["durations"]["total_ms"].as_f64().unwrap_or(0.0) / 1000.0);
+        first.get_or_insert(Instant::now() - took);
+        batches += 1;
+        retries += p["commit_retries"].as_u64().unwrap_or(0);
+        if p.get("superseded").is_some_and(|s| !s.is_null()) {
+            superseded += 1;
+        } else if p["skipped"] != true {
+            rows += p["input_rows"].as_u64().unwrap_or(0);
+        }
+    }
+    let first = first.expect("a batch ran");
+    let busy = first.elapsed();
+    stop(&mut children);
+    Ok(GroupCost {
+        join: first.saturating_duration_since(start),
+        busy,
+        batches,
+        superseded,
+        retries,
+    })
 }
 
 #[cfg(test)]

@@ -63,9 +63,22 @@ pub(crate) async fn collect(
                 "table_version": p.table_version,
                 "skipped": p.skipped,
                 "recovered": p.recovered,
+                "superseded": p.superseded,
             })
         })
         .collect();
+    // Records behind each partition's high watermark at the last batch's
+    // plan: in Kafka group mode, exactly the partitions the process owned.
+    let lag: serde_json::Map<String, serde_json::Value> = recent
+        .last()
+        .map(|p| {
+            p.sources
+                .iter()
+                .filter(|(_, s)| !s.lag.is_empty())
+                .map(|(k, s)| (k.clone(), serde_json::json!(s.lag)))
+                .collect()
+        })
+        .unwrap_or_default();
     let watermark_ms = planned.as_ref().and_then(|p| p.watermark_ms);
     let out = serde_json::json!({
         "query_id": view.metadata().query_id.to_string(),
@@ -75,6 +88,7 @@ pub(crate) async fn collect(
         "last_committed_batch": committed.as_ref().map(|c| c.batch_id),
         "table_version": committed.as_ref().and_then(|c| c.table_version),
         "sources": sources,
+        "lag": lag,
         "watermark_ms": watermark_ms,
         "state": state,
         "recent_batches": recent_json,
@@ -131,6 +145,18 @@ pub(crate) async fn status(
     }
     for (name, s) in out["sources"].as_object().into_iter().flatten() {
         outln!("source {name}: {s}");
+    }
+    for (name, parts) in out["lag"].as_object().into_iter().flatten() {
+        let parts: Vec<String> = parts
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(p, n)| format!("{p} {n}"))
+            .collect();
+        outln!(
+            "source {name} partitions read at the last batch (records behind): {}",
+            parts.join(", ")
+        );
     }
     if let Some(w) = out["watermark_ms"].as_i64() {
         let at = chrono::DateTime::from_timestamp_millis(w)

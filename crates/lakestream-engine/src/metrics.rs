@@ -12,6 +12,7 @@
 //! Names follow Prometheus conventions: `lakestream_` prefix, the unit in
 //! the name (`_seconds`, `_bytes`, `_rows`), counters ending in `_total`.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -70,6 +71,7 @@ pub struct Metrics {
     registry: Registry,
     batches: Family<Query, Counter>,
     batches_skipped: Family<Query, Counter>,
+    batches_superseded: Family<Query, Counter>,
     input_rows: Family<Source, Counter>,
     dead_letters: Family<Source, Counter>,
     output_rows: Family<Query, Counter>,
@@ -79,6 +81,10 @@ pub struct Metrics {
     batch_seconds: Family<Query, Histogram, fn() -> Histogram>,
     phase_seconds: Family<Phase, Histogram, fn() -> Histogram>,
     kafka_lag: Family<Partition, Gauge>,
+    /// The partitions each source's lag series were last set for: a
+    /// partition no longer planned (moved to another process in group
+    /// mode) loses its series.
+    lag_series: std::sync::Mutex<HashMap<Source, Vec<Partition>>>,
     backlog_files: Family<Source, Gauge>,
     backlog_bytes: Family<Source, Gauge>,
     watermark_delay: Family<Query, FloatGauge>,
@@ -109,6 +115,7 @@ impl Metrics {
         let m = Self {
             batches: Family::default(),
             batches_skipped: Family::default(),
+            batches_superseded: Family::default(),
             input_rows: Family::default(),
             dead_letters: Family::default(),
             output_rows: Family::default(),
@@ -118,6 +125,7 @@ impl Metrics {
             batch_seconds: Family::new_with_constructor(seconds_histogram),
             phase_seconds: Family::new_with_constructor(seconds_histogram),
             kafka_lag: Family::default(),
+            lag_series: Default::default(),
             backlog_files: Family::default(),
             backlog_bytes: Family::default(),
             watermark_delay: Family::default(),
@@ -143,6 +151,12 @@ impl Metrics {
             "lakestream_batches_skipped",
             "Batches replayed after a restart and found already in the table",
             m.batches_skipped.clone(),
+        );
+        registry.register(
+            "lakestream_batches_superseded",
+            "Batches dropped because another process committed their partitions first (Kafka \
+             group mode, around rebalances)",
+            m.batches_superseded.clone(),
         );
         registry.register(
             "lakestream_input_rows",
@@ -267,6 +281,9 @@ impl Metrics {
         if p.skipped {
             self.batches_skipped.get_or_create(&q).inc();
         }
+        if p.superseded.is_some() {
+            self.batches_superseded.get_or_create(&q).inc();
+        }
         self.output_rows.get_or_create(&q).inc_by(p.output_rows);
         self.output_files
             .get_or_create(&q)
@@ -299,6 +316,25 @@ impl Metrics {
             self.input_rows.get_or_create(&src).inc_by(s.input_rows);
             if s.dead_letters > 0 {
                 self.dead_letters.get_or_create(&src).inc_by(s.dead_letters);
+            }
+            let now: Vec<Partition> = s
+                .lag
+                .keys()
+                .map(|part| Partition {
+                    query: p.query_id.clone(),
+                    source: name.clone(),
+                    partition: part.clone(),
+                })
+                .collect();
+            if let Some(before) = self
+                .lag_series
+                .lock()
+                .expect("lag series")
+                .insert(src.clone(), now.clone())
+            {
+                for gone in before.iter().filter(|b| !now.contains(b)) {
+                    self.kafka_lag.remove(gone);
+                }
             }
             for (part, lag) in &s.lag {
                 self.kafka_lag
@@ -399,5 +435,35 @@ mod tests {
             assert!(text.contains(line), "{line} not in:\n{text}");
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn a_partition_no_longer_read_loses_its_lag_series_and_a_dropped_batch_is_counted() {
+        let m = Metrics::new();
+        let batch = |parts: &[&str], superseded: bool| {
+            let mut p = BatchProgress {
+                query_id: "q1".into(),
+                superseded: superseded.then(|| "moved".to_string()),
+                ..Default::default()
+            };
+            p.sources.insert(
+                "orders".into(),
+                SourceProgress {
+                    lag: parts.iter().map(|p| (p.to_string(), 3u64)).collect(),
+                    ..Default::default()
+                },
+            );
+            p
+        };
+        m.observe(&batch(&["t/0", "t/1"], false));
+        // Partition 0 moved to another process (group mode).
+        m.observe(&batch(&["t/1"], true));
+        let text = m.encode();
+        assert!(!text.contains("partition=\"t/0\""), "{text}");
+        assert!(text.contains("partition=\"t/1\"} 3"), "{text}");
+        assert!(
+            text.contains("lakestream_batches_superseded_total{query=\"q1\"} 1"),
+            "{text}"
+        );
     }
 }

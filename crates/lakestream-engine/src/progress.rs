@@ -128,6 +128,12 @@ pub struct BatchProgress {
     pub skipped: bool,
     /// True when this batch was re-run from the write-ahead log at start.
     pub recovered: bool,
+    /// Why the batch was dropped instead of committed, when it was: in
+    /// Kafka group mode, another process moved one of its partitions'
+    /// positions in the table first (a rebalance); its range is read by
+    /// whoever owns the partition now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded: Option<String>,
     /// The event-time watermark the batch ran with (ms since the epoch),
     /// when the query has one.
     #[serde(skip_serializing_if = "Option::is_none")]

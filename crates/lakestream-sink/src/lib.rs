@@ -23,6 +23,7 @@ pub mod delta;
 pub mod memory;
 
 use std::any::Any;
+use std::collections::BTreeMap;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -138,6 +139,33 @@ pub struct CommitInfo {
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// How the rows change the table.
     pub write: WriteMode,
+    /// Source positions this commit moves forward in the table (Kafka
+    /// group mode): each claim's `app_id` must be at `from` in the table
+    /// (or absent) when the commit lands, and is at `to` after it, in the
+    /// same atomic commit as the rows. Empty for sources whose positions
+    /// live in the checkpoint.
+    pub claims: Vec<PositionClaim>,
+}
+
+/// One source position a commit moves forward, kept in the table as a
+/// transaction (`txn(app_id, version)`), so that whichever process commits
+/// next for that part of the source starts where this commit ended.
+///
+/// A commit carrying claims is a compare-and-set on them: it lands only if
+/// each `app_id` is still at `from` (or was never written) in the version
+/// it lands on; otherwise nothing is written and the sink returns
+/// [`CommitOutcome::Superseded`]. Successive commits of an app id thus
+/// form one chain of ranges, with no gap and no overlap, whichever
+/// processes wrote them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionClaim {
+    /// The transaction app id (`<group>/<topic>/<partition>` for Kafka).
+    pub app_id: String,
+    /// The position the range starts at: the table must hold this value
+    /// (or none) for the commit to land.
+    pub from: i64,
+    /// The position after the range, recorded by the commit.
+    pub to: i64,
 }
 
 /// What the writers of a batch produced, not yet visible: counts the
@@ -215,7 +243,7 @@ impl Staged {
 }
 
 /// The result of [`Sink::commit`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommitOutcome {
     /// The batch is now in the table, at this table version.
     Committed {
@@ -228,13 +256,29 @@ pub enum CommitOutcome {
         /// The table version seen.
         version: u64,
     },
+    /// Another writer moved a claimed position first
+    /// ([`CommitInfo::claims`]): the batch was not committed and must not
+    /// be retried as is (its range was read, or is being read, by the
+    /// other writer); plan again from the table's positions.
+    Superseded {
+        /// The table version seen.
+        version: u64,
+        /// The claim's app id.
+        app_id: String,
+        /// The position the batch started at.
+        expected: i64,
+        /// The position the table holds.
+        found: i64,
+    },
 }
 
 impl CommitOutcome {
     /// The table version after the call.
     pub fn version(&self) -> u64 {
         match self {
-            Self::Committed { version } | Self::AlreadyCommitted { version } => *version,
+            Self::Committed { version }
+            | Self::AlreadyCommitted { version }
+            | Self::Superseded { version, .. } => *version,
         }
     }
 }
@@ -291,6 +335,21 @@ pub trait Sink: Send + Sync {
     /// sink never retries). Reported as `lakestream_commit_retries_total`.
     fn commit_retries(&self) -> u64 {
         0
+    }
+
+    /// The positions recorded in the latest table state for `app_ids`
+    /// ([`PositionClaim`]), read fresh (another writer may have moved
+    /// them); app ids never written are absent from the map.
+    /// [`Error::InvalidConfig`] from sinks that cannot keep positions (the
+    /// default).
+    async fn positions(&self, app_ids: &[String]) -> Result<BTreeMap<String, i64>> {
+        let _ = app_ids;
+        Err(Error::InvalidConfig {
+            table: self.identity(),
+            reason: "this sink cannot keep source positions (Kafka group mode needs a Delta \
+                     table or a memory sink as its output)"
+                .into(),
+        })
     }
 
     /// What the sink writes to (a table URL, never credentials), recorded in

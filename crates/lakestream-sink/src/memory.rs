@@ -12,7 +12,7 @@
 //! then report an error, as a commit whose answer was lost on the way does:
 //! callers must re-run such a batch, and the re-run must find it committed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use arrow::array::BooleanArray;
 use arrow::compute::filter_record_batch;
@@ -100,6 +100,8 @@ struct Table {
     commits: Vec<MemoryCommit>,
     /// The highest batch id committed per query.
     txn: HashMap<String, u64>,
+    /// Source positions recorded by commits with claims.
+    positions: BTreeMap<String, i64>,
     lose_next_response: bool,
 }
 
@@ -215,6 +217,21 @@ impl Sink for MemorySink {
         {
             return Ok(CommitOutcome::AlreadyCommitted { version });
         }
+        for c in &info.claims {
+            if let Some(&found) = table.positions.get(&c.app_id)
+                && found != c.from
+            {
+                return Ok(CommitOutcome::Superseded {
+                    version,
+                    app_id: c.app_id.clone(),
+                    expected: c.from,
+                    found,
+                });
+            }
+        }
+        for c in &info.claims {
+            table.positions.insert(c.app_id.clone(), c.to);
+        }
         table.commits.push(MemoryCommit {
             version: version + 1,
             query_id: info.query_id.clone(),
@@ -238,6 +255,14 @@ impl Sink for MemorySink {
 
     fn identity(&self) -> String {
         format!("memory {}", self.name)
+    }
+
+    async fn positions(&self, app_ids: &[String]) -> Result<BTreeMap<String, i64>> {
+        let table = self.table();
+        Ok(app_ids
+            .iter()
+            .filter_map(|id| table.positions.get(id).map(|p| (id.clone(), *p)))
+            .collect())
     }
 
     async fn version(&self) -> Result<Option<u64>> {

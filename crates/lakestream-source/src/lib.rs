@@ -129,6 +129,17 @@ pub enum Error {
         /// What differs.
         reason: String,
     },
+    /// The positions kept in the output table could not be read.
+    #[error(
+        "source {source_name}: reading its positions from the output table failed: {source}; \
+         the batch was not planned and the query retries or restarts from the table"
+    )]
+    Positions {
+        /// The source's table name.
+        source_name: String,
+        /// What the table lookup said.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A source option is missing or invalid.
     #[error("source {source_name}: option {option}: {reason}")]
     InvalidOption {
@@ -208,6 +219,35 @@ impl Error {
             _ => false,
         }
     }
+}
+
+/// One position a batch moves forward in the output table, for sources
+/// whose positions live there ([`Source::keeps_positions_in_table`]):
+/// `app_id` goes from `from` to `to` in the batch's commit, which lands
+/// only if the table still holds `from` (or nothing) for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionClaim {
+    /// The table transaction's app id (`<group>/<topic>/<partition>`).
+    pub app_id: String,
+    /// Where the batch's range starts.
+    pub from: i64,
+    /// Where the next range starts.
+    pub to: i64,
+}
+
+/// Where a source reads the positions it keeps in the output table: the
+/// engine gives it one over the query's output sink.
+#[async_trait]
+pub trait PositionStore: Send + Sync {
+    /// The positions the table holds now (a fresh read) for `app_ids`;
+    /// app ids never written are absent.
+    async fn positions(
+        &self,
+        app_ids: &[String],
+    ) -> std::result::Result<
+        std::collections::BTreeMap<String, i64>,
+        Box<dyn std::error::Error + Send + Sync>,
+    >;
 }
 
 /// How far a source is through the input it knows of (for progress bars).
@@ -464,4 +504,30 @@ pub trait Source: Send + Sync + Debug {
     async fn committed(&self, _end: &Offset) -> Result<()> {
         Ok(())
     }
+
+    /// Whether this source keeps its positions in the output table (Kafka
+    /// group mode) instead of deriving each batch's start from the
+    /// previous batch's end: the engine then gives it a
+    /// [`PositionStore`] with [`Source::set_position_store`] before the
+    /// first plan, commits each batch with its [`Source::claims`], and
+    /// calls [`Source::superseded`] when another writer moved a position
+    /// first. The default: `false`.
+    fn keeps_positions_in_table(&self) -> bool {
+        false
+    }
+
+    /// Where to read the positions from (see
+    /// [`Source::keeps_positions_in_table`]). The default ignores it.
+    fn set_position_store(&self, _store: std::sync::Arc<dyn PositionStore>) {}
+
+    /// The positions batch `end` moves forward (empty by default).
+    fn claims(&self, _end: &Offset) -> Result<Vec<PositionClaim>> {
+        Ok(Vec::new())
+    }
+
+    /// Batch `end` was dropped: another writer moved one of its positions
+    /// before its commit. The source forgets the positions it holds and
+    /// reads them from the table at the next plan. The default does
+    /// nothing.
+    async fn superseded(&self, _end: &Offset) {}
 }

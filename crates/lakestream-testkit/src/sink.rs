@@ -9,13 +9,17 @@
 //! recorded too; parts staged by another kind of sink are refused, naming
 //! the batch; a batch that replaces every row (complete output mode) does
 //! so once, and a replay of it leaves the table as it was; so does an
-//! upsert's. Tables hold one `v BIGINT` column ([`value_batch`]).
+//! upsert's. Positions kept in the table (Kafka group mode) move as a
+//! compare-and-set: of two writers claiming the same range at once exactly
+//! one lands, a stale claim lands nothing, and a new writer reads where
+//! the last commit left them. Tables hold one `v BIGINT` column
+//! ([`value_batch`]).
 
 use std::sync::Arc;
 
 use arrow::array::{Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
-use lakestream_engine::sink::{CommitInfo, CommitOutcome, Sink, Staged, WriteMode};
+use lakestream_engine::sink::{CommitInfo, CommitOutcome, PositionClaim, Sink, Staged, WriteMode};
 
 /// A one-row batch `v = value`: the rows the suite writes.
 pub fn value_batch(value: i64) -> RecordBatch {
@@ -67,6 +71,7 @@ pub fn info(query: &str, id: u64) -> CommitInfo {
         batch_id: id,
         metadata: Default::default(),
         write: WriteMode::Append,
+        claims: Vec::new(),
     }
 }
 
@@ -169,6 +174,7 @@ pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
     let a = t.writer().await;
     let replace = |id| CommitInfo {
         write: WriteMode::ReplaceAll,
+        claims: Vec::new(),
         ..info("q", id)
     };
     assert_committed(&*a, "q", 0, &[40, 41]).await;
@@ -195,6 +201,105 @@ pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
     assert_eq!(t.values().await, vec![50, 51, 52]);
 
     // Parts staged by another kind of sink are refused, naming the batch.
+    // Positions kept in the table: two writers claim the same range of a
+    // partition at once (a rebalance race); exactly one commit lands, the
+    // other is told it was superseded, and the chain of ranges goes on
+    // from where the winner left it.
+    let t = target("positions");
+    let (a, b) = (t.writer().await, t.writer().await);
+    let part = "g/topic/0".to_string();
+    let claimed = |query: &str, id, from, to| CommitInfo {
+        claims: vec![PositionClaim {
+            app_id: part.clone(),
+            from,
+            to,
+        }],
+        ..info(query, id)
+    };
+    assert!(
+        a.positions(std::slice::from_ref(&part))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let (sa, sb) = (stage(&*a, 0, &[60]).await, stage(&*b, 0, &[61]).await);
+    let (ia, ib) = (claimed("qa", 0, 0, 10), claimed("qb", 0, 0, 10));
+    let (ra, rb) = tokio::join!(a.commit(sa, &ia), b.commit(sb, &ib));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let landed = [&ra, &rb]
+        .iter()
+        .filter(|o| matches!(o, CommitOutcome::Committed { .. }))
+        .count();
+    assert_eq!(landed, 1, "two claims of one range: {ra:?} / {rb:?}");
+    let (winner, loser, loser_q) = if matches!(ra, CommitOutcome::Committed { .. }) {
+        (a.clone(), b.clone(), "qb")
+    } else {
+        (b.clone(), a.clone(), "qa")
+    };
+    let lost = if loser_q == "qb" { &rb } else { &ra };
+    assert!(
+        matches!(
+            lost,
+            CommitOutcome::Superseded {
+                expected: 0,
+                found: 10,
+                ..
+            }
+        ),
+        "{lost:?}"
+    );
+    assert_eq!(t.values().await.len(), 1);
+    let fresh = t.writer().await;
+    assert_eq!(
+        fresh.positions(std::slice::from_ref(&part)).await.unwrap(),
+        [(part.clone(), 10)].into_iter().collect()
+    );
+    // The loser plans again from the table: its next range lands.
+    assert_outcome(&*loser, &claimed(loser_q, 1, 10, 20), &[62], true).await;
+    // The winner, still at 10, is superseded and nothing is written.
+    let stale = stage(&*winner, 1, &[63]).await;
+    let winner_q = if loser_q == "qb" { "qa" } else { "qb" };
+    let outcome = winner
+        .commit(stale, &claimed(winner_q, 1, 10, 15))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            CommitOutcome::Superseded {
+                expected: 10,
+                found: 20,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    // A commit with two claims lands for both or neither.
+    let both = CommitInfo {
+        claims: vec![
+            PositionClaim {
+                app_id: "g/topic/1".into(),
+                from: 0,
+                to: 5,
+            },
+            PositionClaim {
+                app_id: part.clone(),
+                from: 15,
+                to: 25,
+            },
+        ],
+        ..info(winner_q, 2)
+    };
+    assert_outcome(&*fresh, &both, &[64], false).await;
+    let ids = vec![part.clone(), "g/topic/1".to_string()];
+    assert_eq!(
+        fresh.positions(&ids).await.unwrap(),
+        [(part.clone(), 20)].into_iter().collect()
+    );
+    let mut values = t.values().await;
+    values.retain(|v| *v != 60 && *v != 61);
+    assert_eq!(values, vec![62]);
+
     let t = target("foreign");
     let a = t.writer().await;
     let foreign = Staged::new(7, 1, 0, 0, "not this sink's part");

@@ -153,6 +153,8 @@ impl Driver {
         let mut meta: Option<CommitMeta> = None;
         let mut rejected = Rejections::new();
         let mut first_commit = true;
+        let claims = self.claims(entry)?;
+        let mut superseded: Option<String> = None;
         for (i, output) in self.outputs.iter().enumerate() {
             if already[i] {
                 continue;
@@ -218,6 +220,15 @@ impl Driver {
             let t_commit = Instant::now();
             let mut meta = meta.clone().expect("set above");
             meta.insert("sqlFingerprint".into(), output.fingerprint.clone().into());
+            if !claims.is_empty() {
+                // Which range of each partition this commit holds, for
+                // `verify` to check the chain across processes.
+                let positions: serde_json::Map<String, serde_json::Value> = claims
+                    .iter()
+                    .map(|c| (c.app_id.clone(), serde_json::json!([c.from, c.to])))
+                    .collect();
+                meta.insert("positions".into(), positions.into());
+            }
             meta.insert("outputRows".into(), staged.rows.into());
             let (rows, files, bytes) = (staged.rows, staged.files, staged.bytes);
             let retries_before = output.sink.commit_retries();
@@ -233,11 +244,25 @@ impl Driver {
                             Some(st) if output.stateful => st.write_mode(),
                             _ => Default::default(),
                         },
+                        claims: claims.clone(),
                     },
                 )
                 .await?;
             progress.commit_retries += output.sink.commit_retries().saturating_sub(retries_before);
             commit_time += t_commit.elapsed();
+            if let CommitOutcome::Superseded {
+                app_id,
+                expected,
+                found,
+                ..
+            } = &outcome
+            {
+                superseded = Some(format!(
+                    "position {app_id} was at {found} in the table, not at the batch's start \
+                     {expected}: another process committed that partition first"
+                ));
+                break;
+            }
             versions[i] = Some(outcome.version());
             if matches!(outcome, CommitOutcome::AlreadyCommitted { .. }) {
                 already[i] = true;
@@ -256,17 +281,26 @@ impl Driver {
         }
         let skipped = already.iter().all(|a| *a);
         let t_mark = Instant::now();
-        self.ckpt
-            .write_commit(&self.commit_entry(batch_id, &versions, skipped))
-            .await?;
+        let mut mark = self.commit_entry(batch_id, &versions, skipped);
+        mark.superseded = superseded.clone();
+        self.ckpt.write_commit(&mark).await?;
         commit_time += t_mark.elapsed();
         for t in &self.tables {
-            if let Some(r) = entry.sources.get(t.source().name())
-                && !r.end.is_null()
-                && let Err(e) = t.source().committed(&r.end).await
-            {
+            let Some(r) = entry.sources.get(t.source().name()) else {
+                continue;
+            };
+            if r.end.is_null() {
+                continue;
+            }
+            if superseded.is_some() {
+                t.source().superseded(&r.end).await;
+            } else if let Err(e) = t.source().committed(&r.end).await {
                 tracing::warn!(source = t.source().name(), error = %e, "source commit hook failed");
             }
+        }
+        if let Some(why) = &superseded {
+            tracing::warn!(batch_id, reason = %why, "batch dropped, not committed");
+            progress.superseded = superseded.clone();
         }
 
         let total = plan_time + wa_time + t0.elapsed();
@@ -295,6 +329,32 @@ impl Driver {
             _ => 0.0,
         };
         Ok(progress)
+    }
+
+    /// The positions batch `entry` moves in the output table, for sources
+    /// that keep them there (Kafka group mode).
+    fn claims(&self, entry: &OffsetsEntry) -> Result<Vec<lakestream_sink::PositionClaim>> {
+        let mut claims = Vec::new();
+        for t in &self.tables {
+            let source = t.source();
+            if !source.keeps_positions_in_table() {
+                continue;
+            }
+            if let Some(r) = entry.sources.get(source.name())
+                && !r.end.is_null()
+            {
+                let mine = source.claims(&r.end).map_err(|e| Error::SourceInBatch {
+                    batch_id: entry.batch_id,
+                    source: Arc::new(e),
+                })?;
+                claims.extend(mine.into_iter().map(|c| lakestream_sink::PositionClaim {
+                    app_id: c.app_id,
+                    from: c.from,
+                    to: c.to,
+                }));
+            }
+        }
+        Ok(claims)
     }
 
     /// `commits/N`: the first output's table version, and the others' by

@@ -71,6 +71,19 @@ pub(crate) struct OutputPlan {
     pub(crate) stateful: bool,
 }
 
+/// The positions a sink keeps, for a source's reads.
+struct SinkPositions(Arc<dyn Sink>);
+
+#[async_trait::async_trait]
+impl lakestream_source::PositionStore for SinkPositions {
+    async fn positions(
+        &self,
+        app_ids: &[String],
+    ) -> std::result::Result<BTreeMap<String, i64>, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(self.0.positions(app_ids).await?)
+    }
+}
+
 /// What progress and lineage say of a run besides its batches.
 pub(crate) struct RunInfo {
     /// New at every start of the query.
@@ -133,6 +146,43 @@ impl Driver {
         Err(e)
     }
 
+    /// Sources that keep their positions in the output table (Kafka group
+    /// mode) read them through the query's one output sink.
+    async fn attach_position_stores(&self) -> Result<()> {
+        let Some(first) = self
+            .tables
+            .iter()
+            .find(|t| t.source().keeps_positions_in_table())
+        else {
+            return Ok(());
+        };
+        let name = first.source().name().to_string();
+        if self.outputs.len() != 1 {
+            return Err(Error::InvalidQuery(format!(
+                "source {name} keeps its positions in the output table (group_id): the query \
+                 must write exactly one table, without a dead-letter table, since positions \
+                 and rows commit together in one table"
+            )));
+        }
+        if self.stateful.is_some() {
+            return Err(Error::InvalidQuery(format!(
+                "source {name} is read in group mode (group_id), where partitions move between \
+                 processes, but an aggregation's state lives in one process's checkpoint: use \
+                 static 'partitions' (one share per process) for a stateful query"
+            )));
+        }
+        let sink = self.outputs[0].sink.clone();
+        // Refused here, before any batch, by a sink that cannot keep them.
+        sink.positions(&[]).await?;
+        for t in &self.tables {
+            if t.source().keeps_positions_in_table() {
+                t.source()
+                    .set_position_store(Arc::new(SinkPositions(sink.clone())));
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) async fn run(
         self,
         mut stop: watch::Receiver<bool>,
@@ -166,6 +216,7 @@ impl Driver {
             let _ = latest.send(Some(p));
         };
 
+        self.attach_position_stores().await?;
         let Recovered {
             mut prev,
             mut next_id,

@@ -39,6 +39,7 @@ impl SourceConnector for KafkaConnector {
             "on_error",
             "dead_letter_location",
             "partitions",
+            "group_id",
         ]
     }
 
@@ -176,6 +177,7 @@ impl SourceConnector for KafkaConnector {
             }
         }
         o.commit_group = t.options.get("commit_offsets_to_group").cloned();
+        o.group_id = t.options.get("group_id").cloned();
         if let Some(b) = ctx.count("batch_size")? {
             o.batch_size = b;
         }

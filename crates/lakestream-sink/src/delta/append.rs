@@ -20,7 +20,7 @@ impl DeltaSink {
         actions: &[Action],
         operation: DeltaOperation,
         app_metadata: HashMap<String, serde_json::Value>,
-        transaction: Transaction,
+        transactions: Vec<Transaction>,
         batch_id: u64,
     ) -> Result<Append> {
         let Some(head) = self.head(loaded) else {
@@ -35,7 +35,7 @@ impl DeltaSink {
             source: Box::new(DeltaTableError::from(e)),
         };
         let version = head + 1;
-        let bytes = CommitData::new(actions.to_vec(), operation, app_metadata, vec![transaction])
+        let bytes = CommitData::new(actions.to_vec(), operation, app_metadata, transactions)
             .get_bytes()
             .map_err(commit_err)?;
         match loaded

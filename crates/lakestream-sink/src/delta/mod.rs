@@ -59,6 +59,7 @@ use lakestream_storage::Location;
 mod append;
 mod maintenance;
 mod merge;
+mod positions;
 mod schema;
 mod txn;
 mod writer;
@@ -180,6 +181,8 @@ pub struct DeltaSink {
     /// How the query's output differs from the table's columns, when it
     /// does (`merge_schema`).
     evolution: std::sync::Mutex<Option<Evolution>>,
+    /// Source positions kept in the table, as of one version.
+    positions: Mutex<positions::PositionCache>,
 }
 
 /// A query's output written into a table with other columns
@@ -272,6 +275,7 @@ impl DeltaSink {
             checkpointing: std::sync::Mutex::new(Checkpointing::default()),
             retries: Default::default(),
             evolution: Default::default(),
+            positions: Default::default(),
         })
     }
 
@@ -781,6 +785,26 @@ impl Sink for DeltaSink {
             epoch_id: batch,
         };
         let transaction = Transaction::new(&info.query_id, batch);
+        if !info.claims.is_empty() {
+            if info.write != WriteMode::Append {
+                return Err(Error::InvalidConfig {
+                    table: self.name.clone(),
+                    reason: "source positions kept in the table (Kafka group mode) go with \
+                             appended batches only"
+                        .into(),
+                });
+            }
+            return self
+                .commit_claimed(
+                    loaded,
+                    actions,
+                    info,
+                    operation,
+                    app_metadata,
+                    new_metadata.is_some(),
+                )
+                .await;
+        }
 
         // A replacement removes every file of the table and an upsert
         // rewrites the files holding its keys: both need the file list, so
@@ -793,7 +817,7 @@ impl Sink for DeltaSink {
                 &actions,
                 operation.clone(),
                 app_metadata.clone(),
-                transaction.clone(),
+                vec![transaction.clone()],
                 info.batch_id,
             )
             .await?
@@ -808,17 +832,15 @@ impl Sink for DeltaSink {
 
         // delta-rs's commit: for tables with newer writer protocols, and
         // after another writer committed the version we tried.
-        if append == Append::Taken {
-            self.retries
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.refresh(loaded).await?;
-        }
-        if let Some(v) = self.txn_version(loaded, &info.query_id).await?
-            && v >= batch
-        {
-            return Ok(CommitOutcome::AlreadyCommitted {
-                version: self.head(loaded).unwrap_or_default(),
-            });
+        let done = if append == Append::Taken {
+            self.after_lost_version(loaded, &info.query_id, batch)
+                .await?
+        } else {
+            self.already_committed(loaded, &info.query_id, batch)
+                .await?
+        };
+        if let Some(done) = done {
+            return Ok(done);
         }
         // delta-rs writes a Delta checkpoint with commit `v` when `v + 1` is
         // a multiple of the interval. Expired-log cleanup lists the whole
@@ -911,12 +933,11 @@ impl Sink for DeltaSink {
                 );
                 if conflict {
                     self.refresh(loaded).await?;
-                    if let Some(v) = self.txn_version(loaded, &info.query_id).await?
-                        && v >= batch
+                    if let Some(done) = self
+                        .already_committed(loaded, &info.query_id, batch)
+                        .await?
                     {
-                        return Ok(CommitOutcome::AlreadyCommitted {
-                            version: self.head(loaded).unwrap_or_default(),
-                        });
+                        return Ok(done);
                     }
                 }
                 Err(Error::Commit {
@@ -949,6 +970,13 @@ impl Sink for DeltaSink {
         {
             self.collect_checkpoint(loaded, true).await;
         }
+    }
+
+    async fn positions(
+        &self,
+        app_ids: &[String],
+    ) -> Result<std::collections::BTreeMap<String, i64>> {
+        self.fresh_positions(app_ids).await
     }
 
     async fn version(&self) -> Result<Option<u64>> {

@@ -39,6 +39,38 @@ impl DeltaSink {
         Ok(txn)
     }
 
+    /// [`CommitOutcome::AlreadyCommitted`] when the table, as of the
+    /// newest version this sink has seen, holds batch `batch` of
+    /// `query_id` or a later one.
+    pub(super) async fn already_committed(
+        &self,
+        loaded: &Loaded,
+        query_id: &str,
+        batch: i64,
+    ) -> Result<Option<crate::CommitOutcome>> {
+        Ok(match self.txn_version(loaded, query_id).await? {
+            Some(v) if v >= batch => Some(crate::CommitOutcome::AlreadyCommitted {
+                version: self.head(loaded).unwrap_or_default(),
+            }),
+            _ => None,
+        })
+    }
+
+    /// After a commit found its version taken by another writer: count
+    /// the retry, learn the latest version, and say whether it holds the
+    /// batch already.
+    pub(super) async fn after_lost_version(
+        &self,
+        loaded: &mut Loaded,
+        query_id: &str,
+        batch: i64,
+    ) -> Result<Option<crate::CommitOutcome>> {
+        self.retries
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.refresh(loaded).await?;
+        self.already_committed(loaded, query_id, batch).await
+    }
+
     pub(super) async fn remember_txn(&self, app_id: &str, table_version: u64, txn: Option<i64>) {
         *self.txn.lock().await = Some(TxnCache {
             app_id: app_id.to_string(),
@@ -56,29 +88,16 @@ async fn scan_txn(
     app_id: &str,
     from: u64,
     to: u64,
-    mut txn: Option<i64>,
+    txn: Option<i64>,
 ) -> Option<Option<i64>> {
-    for v in from + 1..=to {
-        let bytes = store.read_commit_entry(v).await.ok()??;
-        for line in bytes.split(|b| *b == b'\n') {
-            // Cheap pre-filter: most commit lines are adds.
-            if !line.windows(6).any(|w| w == b"\"txn\":") {
-                continue;
-            }
-            let action: serde_json::Value = serde_json::from_slice(line).ok()?;
-            let t = &action["txn"];
-            if t["appId"].as_str() == Some(app_id) {
-                txn = Some(t["version"].as_i64()?);
-            }
-        }
-    }
-    Some(txn)
+    let seen = super::positions::scan_txns(store, from, to).await?;
+    Some(seen.get(app_id).copied().or(txn))
 }
 
 /// The txn version of `app_id` in the table's snapshot at `version`, read
 /// by the Delta kernel from the newest checkpoint and the commits after it
 /// (the txn column only: no file list is built).
-async fn snapshot_txn(
+pub(super) async fn snapshot_txn(
     log_store: &LogStoreRef,
     version: u64,
     app_id: &str,

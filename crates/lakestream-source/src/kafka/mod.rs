@@ -39,11 +39,14 @@ use crate::{
 };
 
 mod decode;
+mod group;
 mod plan;
 mod read;
 
 use decode::*;
 use plan::*;
+
+pub use group::position_app_id;
 
 /// How record values are turned into columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -214,6 +217,11 @@ pub struct KafkaSourceOptions {
     /// topic for one of several processes, each with its own checkpoint);
     /// `None`: all.
     pub partitions: Option<std::collections::BTreeSet<i32>>,
+    /// Group mode: processes running this job share the topics' partitions
+    /// through this Kafka consumer group, and each partition's position
+    /// lives in the output table (see `group.rs`). `None`: this process
+    /// reads every partition (or `partitions`), positions in its checkpoint.
+    pub group_id: Option<String>,
 }
 
 impl KafkaSourceOptions {
@@ -237,6 +245,7 @@ impl KafkaSourceOptions {
             consumers: 1,
             on_error: crate::OnError::Fail,
             partitions: None,
+            group_id: None,
         }
     }
 }
@@ -267,6 +276,7 @@ impl std::fmt::Debug for KafkaSourceOptions {
             .field("fail_on_data_loss", &self.fail_on_data_loss)
             .field("on_error", &self.on_error)
             .field("partitions", &self.partitions)
+            .field("group_id", &self.group_id)
             .field("isolation_level", &self.isolation_level)
             .field("read_timeout", &self.read_timeout)
             .field("request_timeout", &self.request_timeout)
@@ -309,6 +319,33 @@ impl KafkaSourceOptions {
                 ));
             }
         }
+        if self.group_id.is_some() {
+            for (option, given) in [
+                ("partitions", self.partitions.is_some()),
+                ("ending_offsets", self.ending_offsets.is_some()),
+                ("commit_offsets_to_group", self.commit_group.is_some()),
+            ] {
+                if given {
+                    return Err(invalid(
+                        option,
+                        "cannot be combined with 'group_id': in group mode the consumer group \
+                         assigns the partitions, reads never end, and positions are kept in \
+                         the output table"
+                            .into(),
+                    ));
+                }
+            }
+            if self
+                .group_id
+                .as_deref()
+                .is_some_and(|g| g.is_empty() || g.contains('/'))
+            {
+                return Err(invalid(
+                    "group_id",
+                    "give a non-empty consumer group name without '/'".into(),
+                ));
+            }
+        }
         for key in self.client_config.keys() {
             let k = key.to_ascii_lowercase();
             if let Some((_, why)) = RESERVED_CLIENT_KEYS.iter().find(|(r, _)| *r == k) {
@@ -348,6 +385,11 @@ pub struct KafkaOffset {
     /// topic was deleted and recreated. Carried from batch to batch.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub topic_ids: BTreeMap<String, String>,
+    /// Group mode: where each partition's range starts (its position in
+    /// the output table when planned), since the previous batch of this
+    /// process may have read other partitions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_from: Option<PartitionOffsets>,
 }
 
 /// A partition whose planned offsets no longer existed in the broker.
@@ -408,6 +450,8 @@ pub struct KafkaSource {
     /// Records the reads of the current batch could not decode
     /// (`on_error 'dead_letter'`).
     rejected: crate::Rejects,
+    /// Group mode's membership and positions.
+    membership: group::GroupSlot,
 }
 
 #[derive(Default)]
@@ -505,210 +549,18 @@ impl KafkaSource {
             planner: PlannerSlot::default(),
             skipped: Arc::new(Mutex::new(Vec::new())),
             rejected: Arc::new(Mutex::new(Vec::new())),
+            membership: group::GroupSlot::default(),
         })
     }
 
-    fn client_config(&self) -> ClientConfig {
-        client_config(&self.options)
-    }
-
-    fn parse(&self, v: &Offset) -> Result<KafkaOffset> {
-        serde_json::from_value(v.clone()).map_err(|e| Error::InvalidOffset {
-            source_name: self.name.clone(),
-            offset: v.to_string(),
-            reason: e.to_string(),
-        })
-    }
-
-    /// The planning client, created on first use.
-    fn planner(&self) -> Result<Arc<BaseConsumer>> {
-        let mut slot = self.planner.0.lock().expect("kafka planner");
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
-        }
-        let c: Arc<BaseConsumer> = Arc::new(
-            self.client_config()
-                .create()
-                .map_err(|e| create_err(&self.name, e))?,
-        );
-        *slot = Some(c.clone());
-        Ok(c)
-    }
-
-    fn kafka_err(&self, what: &str, e: KafkaError) -> Error {
-        Error::Kafka {
-            source_name: self.name.clone(),
-            what: what.to_string(),
-            reason: e.to_string(),
-            transient: is_transient(&e),
-        }
-    }
-}
-
-fn create_err(source_name: &str, e: KafkaError) -> Error {
-    Error::Kafka {
-        source_name: source_name.to_string(),
-        what: "create consumer".into(),
-        reason: e.to_string(),
-        transient: false,
-    }
-}
-
-/// Errors that a later attempt may not see (broker down, timeouts).
-fn is_transient(e: &KafkaError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::BrokerTransportFailure
-                | RDKafkaErrorCode::AllBrokersDown
-                | RDKafkaErrorCode::OperationTimedOut
-                | RDKafkaErrorCode::RequestTimedOut
-                | RDKafkaErrorCode::LeaderNotAvailable
-                | RDKafkaErrorCode::NotLeaderForPartition
-                | RDKafkaErrorCode::NetworkException
-                | RDKafkaErrorCode::BrokerNotAvailable
-                | RDKafkaErrorCode::UnknownTopicOrPartition
-                | RDKafkaErrorCode::CoordinatorLoadInProgress
-                | RDKafkaErrorCode::NotCoordinator
-        )
-    ) || matches!(e, KafkaError::MetadataFetch(_))
-}
-
-fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &o.bootstrap_servers)
-        // `assign()` needs some group id; nothing is ever committed under it.
-        .set("group.id", "lakestream-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "false")
-        .set("isolation.level", o.isolation_level.as_str())
-        // A planned offset that no longer exists must be an error, never a
-        // silent jump.
-        .set("auto.offset.reset", "error")
-        .set("client.id", "lakestream");
-    for (k, v) in &o.client_config {
-        c.set(k, v);
-    }
-    c
-}
-
-#[async_trait]
-impl Source for KafkaSource {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    async fn recover(&self, ends: &[Offset]) -> Result<()> {
-        for e in ends {
-            self.parse(e)?;
-        }
-        Ok(())
-    }
-
-    async fn restore(&self, _snapshot: Option<&Offset>) -> Result<()> {
-        // A bound frozen by an earlier available-now run (or watermarks of an
-        // earlier start) must not cap this run.
-        *self.state.lock().expect("kafka state") = KafkaState::default();
-        self.skipped.lock().expect("kafka skipped").clear();
-        self.rejected.lock().expect("kafka rejected").clear();
-        Ok(())
-    }
-
-    fn take_skipped(&self) -> Vec<Skipped> {
-        std::mem::take(&mut *self.skipped.lock().expect("kafka skipped"))
-    }
-
-    fn take_rejected(&self) -> Vec<crate::Rejected> {
-        std::mem::take(&mut *self.rejected.lock().expect("kafka rejected"))
-    }
-
-    fn unavailable_timeout(&self) -> Duration {
-        self.options.unavailable_timeout
-    }
-
-    fn identity(&self) -> SourceIdentity {
-        let location = match &self.options.topics {
-            Topics::List(list) => {
-                let mut l = list.clone();
-                l.sort();
-                format!("topics {}", l.join(","))
-            }
-            Topics::Pattern(re) => format!("topic pattern {}", re.as_str()),
-        };
-        // The isolation level decides where a planned range may end (the
-        // last stable offset or the high watermark): a change would make a
-        // checkpoint's offsets look truncated or reach past open
-        // transactions.
-        let location = format!("{location} ({})", self.options.isolation_level.as_str());
-        // A checkpoint of one share of the partitions must not be reused by
-        // another.
-        let location = match &self.options.partitions {
-            Some(p) => format!(
-                "{location} partitions {}",
-                p.iter()
-                    .map(|p| p.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-            None => location,
-        };
-        SourceIdentity {
-            kind: "kafka".into(),
-            location,
-        }
-    }
-
-    async fn freeze(&self) -> Result<()> {
-        let marks = self.startup_watermarks().await?;
-        let frozen = marks
-            .marks
-            .into_iter()
-            .map(|(t, ps)| (t, ps.into_iter().map(|(p, (_, hi))| (p, hi)).collect()))
-            .collect();
-        self.state.lock().expect("kafka state").frozen = Some(frozen);
-        Ok(())
-    }
-
-    async fn initial_offset(&self) -> Result<Option<Offset>> {
-        let marks = self.startup_watermarks().await?;
-        let topics: Vec<String> = marks.marks.keys().cloned().collect();
-        let initial = KafkaOffset {
-            partitions: self.resolve_starting(&marks).await?,
-            ending: self
-                .options
-                .ending_offsets
-                .as_ref()
-                .map(|spec| resolve_ending(spec, &marks)),
-            added: PartitionOffsets::new(),
-            data_loss: Vec::new(),
-            topic_ids: self.topic_ids(topics).await?,
-        };
-        Ok(Some(
-            serde_json::to_value(initial).expect("offset serializes"),
-        ))
-    }
-
-    async fn plan(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
-        let prev = match start {
-            Some(s) => self.parse(s)?,
-            // Used without an engine that stores the initial offset.
-            None => match self.initial_offset().await? {
-                Some(v) => self.parse(&v)?,
-                None => KafkaOffset::default(),
-            },
-        };
-        // The first plan may use the watermarks read while starting; every
-        // later plan asks the broker.
-        let startup = self.state.lock().expect("kafka state").startup_marks.take();
-        let marks = match startup {
-            Some((at, marks)) if at.elapsed() < STARTUP_MARKS_AGE => marks,
-            _ => self.watermarks().await?,
-        };
+    /// The next batch after `prev` (each partition's next offset) given
+    /// the partitions' watermarks `marks`: each partition's range, capped
+    /// by the per-trigger limit; `None` when there is nothing to read.
+    async fn plan_next(
+        &self,
+        prev: &KafkaOffset,
+        marks: &Watermarks,
+    ) -> Result<Option<KafkaOffset>> {
         let frozen = self.state.lock().expect("kafka state").frozen.clone();
         let mut next = KafkaOffset {
             ending: prev.ending.clone(),
@@ -853,7 +705,239 @@ impl Source for KafkaSource {
         if !any {
             return Ok(None);
         }
-        Ok(Some(serde_json::to_value(next).expect("offset serializes")))
+        Ok(Some(next))
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        client_config(&self.options)
+    }
+
+    fn parse(&self, v: &Offset) -> Result<KafkaOffset> {
+        serde_json::from_value(v.clone()).map_err(|e| Error::InvalidOffset {
+            source_name: self.name.clone(),
+            offset: v.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// The planning client, created on first use.
+    fn planner(&self) -> Result<Arc<BaseConsumer>> {
+        let mut slot = self.planner.0.lock().expect("kafka planner");
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c: Arc<BaseConsumer> = Arc::new(
+            self.client_config()
+                .create()
+                .map_err(|e| create_err(&self.name, e))?,
+        );
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    fn kafka_err(&self, what: &str, e: KafkaError) -> Error {
+        Error::Kafka {
+            source_name: self.name.clone(),
+            what: what.to_string(),
+            reason: e.to_string(),
+            transient: is_transient(&e),
+        }
+    }
+}
+
+fn create_err(source_name: &str, e: KafkaError) -> Error {
+    Error::Kafka {
+        source_name: source_name.to_string(),
+        what: "create consumer".into(),
+        reason: e.to_string(),
+        transient: false,
+    }
+}
+
+/// Errors that a later attempt may not see (broker down, timeouts).
+fn is_transient(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::NetworkException
+                | RDKafkaErrorCode::BrokerNotAvailable
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::NotCoordinator
+        )
+    ) || matches!(e, KafkaError::MetadataFetch(_))
+}
+
+fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &o.bootstrap_servers)
+        // `assign()` needs some group id; nothing is ever committed under it.
+        .set("group.id", "lakestream-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        .set("isolation.level", o.isolation_level.as_str())
+        // A planned offset that no longer exists must be an error, never a
+        // silent jump.
+        .set("auto.offset.reset", "error")
+        .set("client.id", "lakestream");
+    for (k, v) in &o.client_config {
+        c.set(k, v);
+    }
+    c
+}
+
+#[async_trait]
+impl Source for KafkaSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    async fn recover(&self, ends: &[Offset]) -> Result<()> {
+        for e in ends {
+            self.parse(e)?;
+        }
+        Ok(())
+    }
+
+    async fn restore(&self, _snapshot: Option<&Offset>) -> Result<()> {
+        // A bound frozen by an earlier available-now run (or watermarks of an
+        // earlier start) must not cap this run.
+        *self.state.lock().expect("kafka state") = KafkaState::default();
+        self.membership.forget();
+        self.skipped.lock().expect("kafka skipped").clear();
+        self.rejected.lock().expect("kafka rejected").clear();
+        Ok(())
+    }
+
+    fn take_skipped(&self) -> Vec<Skipped> {
+        std::mem::take(&mut *self.skipped.lock().expect("kafka skipped"))
+    }
+
+    fn take_rejected(&self) -> Vec<crate::Rejected> {
+        std::mem::take(&mut *self.rejected.lock().expect("kafka rejected"))
+    }
+
+    fn unavailable_timeout(&self) -> Duration {
+        self.options.unavailable_timeout
+    }
+
+    fn identity(&self) -> SourceIdentity {
+        let location = match &self.options.topics {
+            Topics::List(list) => {
+                let mut l = list.clone();
+                l.sort();
+                format!("topics {}", l.join(","))
+            }
+            Topics::Pattern(re) => format!("topic pattern {}", re.as_str()),
+        };
+        // The isolation level decides where a planned range may end (the
+        // last stable offset or the high watermark): a change would make a
+        // checkpoint's offsets look truncated or reach past open
+        // transactions.
+        let location = format!("{location} ({})", self.options.isolation_level.as_str());
+        // A checkpoint of one share of the partitions must not be reused by
+        // another.
+        let location = match &self.options.partitions {
+            Some(p) => format!(
+                "{location} partitions {}",
+                p.iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            None => location,
+        };
+        let location = match &self.options.group_id {
+            Some(g) => format!("{location} group {g}"),
+            None => location,
+        };
+        SourceIdentity {
+            kind: "kafka".into(),
+            location,
+        }
+    }
+
+    async fn freeze(&self) -> Result<()> {
+        if self.options.group_id.is_some() {
+            return Err(Error::InvalidOption {
+                source_name: self.name.clone(),
+                option: "group_id".into(),
+                reason: "group mode runs continuously (partitions move between processes): use \
+                         a continuous trigger, or static 'partitions' for available-now"
+                    .into(),
+            });
+        }
+        let marks = self.startup_watermarks().await?;
+        let frozen = marks
+            .marks
+            .into_iter()
+            .map(|(t, ps)| (t, ps.into_iter().map(|(p, (_, hi))| (p, hi)).collect()))
+            .collect();
+        self.state.lock().expect("kafka state").frozen = Some(frozen);
+        Ok(())
+    }
+
+    async fn initial_offset(&self) -> Result<Option<Offset>> {
+        if self.options.group_id.is_some() {
+            // Each partition starts at its position in the table.
+            return Ok(None);
+        }
+        let marks = self.startup_watermarks().await?;
+        let topics: Vec<String> = marks.marks.keys().cloned().collect();
+        let initial = KafkaOffset {
+            partitions: self.resolve_starting(&marks).await?,
+            ending: self
+                .options
+                .ending_offsets
+                .as_ref()
+                .map(|spec| resolve_ending(spec, &marks)),
+            added: PartitionOffsets::new(),
+            data_loss: Vec::new(),
+            topic_ids: self.topic_ids(topics).await?,
+            group_from: None,
+        };
+        Ok(Some(
+            serde_json::to_value(initial).expect("offset serializes"),
+        ))
+    }
+
+    async fn plan(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
+        if self.options.group_id.is_some() {
+            return Ok(self
+                .plan_group()
+                .await?
+                .map(|o| serde_json::to_value(o).expect("offset serializes")));
+        }
+        let prev = match start {
+            Some(s) => self.parse(s)?,
+            // Used without an engine that stores the initial offset.
+            None => match self.initial_offset().await? {
+                Some(v) => self.parse(&v)?,
+                None => KafkaOffset::default(),
+            },
+        };
+        // The first plan may use the watermarks read while starting; every
+        // later plan asks the broker.
+        let startup = self.state.lock().expect("kafka state").startup_marks.take();
+        let marks = match startup {
+            Some((at, marks)) if at.elapsed() < STARTUP_MARKS_AGE => marks,
+            _ => self.watermarks().await?,
+        };
+        Ok(self
+            .plan_next(&prev, &marks)
+            .await?
+            .map(|o| serde_json::to_value(o).expect("offset serializes")))
     }
 
     fn read(
@@ -863,9 +947,13 @@ impl Source for KafkaSource {
         partitions: usize,
     ) -> Result<Vec<BatchStream>> {
         let end = self.parse(end)?;
-        let start = match start {
-            Some(s) => self.parse(s)?,
-            None => KafkaOffset::default(),
+        let start = match (&end.group_from, start) {
+            (Some(from), _) => KafkaOffset {
+                partitions: from.clone(),
+                ..Default::default()
+            },
+            (None, Some(s)) => self.parse(s)?,
+            (None, None) => KafkaOffset::default(),
         };
         let ranges = self.ranges(&start, &end)?;
         let n = partitions
@@ -891,7 +979,13 @@ impl Source for KafkaSource {
         let Ok(end) = self.parse(end) else {
             return "offsets ?".into();
         };
-        let start = start.and_then(|s| self.parse(s).ok()).unwrap_or_default();
+        let start = match &end.group_from {
+            Some(from) => KafkaOffset {
+                partitions: from.clone(),
+                ..Default::default()
+            },
+            None => start.and_then(|s| self.parse(s).ok()).unwrap_or_default(),
+        };
         let ranges = self.ranges(&start, &end).unwrap_or_default();
         let total: i64 = ranges.iter().map(|r| r.end - r.start).sum();
         let parts = ranges.len();
@@ -905,7 +999,27 @@ impl Source for KafkaSource {
         d
     }
 
+    fn keeps_positions_in_table(&self) -> bool {
+        self.options.group_id.is_some()
+    }
+
+    fn set_position_store(&self, store: Arc<dyn crate::PositionStore>) {
+        self.membership.set_store(store);
+    }
+
+    fn claims(&self, end: &Offset) -> Result<Vec<crate::PositionClaim>> {
+        Ok(self.group_claims(&self.parse(end)?))
+    }
+
+    async fn superseded(&self, _end: &Offset) {
+        self.membership.forget();
+    }
+
     async fn committed(&self, end: &Offset) -> Result<()> {
+        if self.options.group_id.is_some() {
+            self.membership.advance(&self.parse(end)?);
+            return Ok(());
+        }
         let Some(group) = self.options.commit_group.clone() else {
             return Ok(());
         };

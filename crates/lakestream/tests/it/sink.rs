@@ -24,6 +24,7 @@ async fn write(sink: &DeltaSink, query: &str, id: u64) -> CommitOutcome {
             batch_id: id,
             metadata: Default::default(),
             write: Default::default(),
+            claims: Vec::new(),
         },
     )
     .await

@@ -120,6 +120,7 @@ async fn delta_table(path: &std::path::Path, commits: i64) {
             batch_id: c as u64,
             metadata: Default::default(),
             write: Default::default(),
+            claims: Vec::new(),
         };
         sink.commit(staged, &info).await.unwrap();
     }

@@ -1,0 +1,246 @@
+//! Group mode: processes running one job share a topic's partitions
+//! through a Kafka consumer group (on the suite's real broker), each
+//! partition's position kept in the Delta table; through SIGKILLs,
+//! restarts and processes joining and leaving, every record lands once.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::broker::{Broker, assert_records_once, kafka_job, orders};
+use crate::common::*;
+use crate::errors::unsafe_kill;
+
+/// The job every process runs: the same SQL, the same group.
+fn group_job(bootstrap: &str) -> String {
+    kafka_job(
+        bootstrap,
+        "grouped",
+        "out",
+        "'group_id' 'ingest', 'max_offsets_per_trigger' '40', \
+         'kafka.session.timeout.ms' '6000', 'kafka.heartbeat.interval.ms' '500'",
+    )
+}
+
+/// A process of the job with its own checkpoint `ck<i>`.
+fn spawn(dir: &std::path::Path, i: usize) -> Child {
+    bin()
+        .current_dir(dir)
+        .args([
+            "run",
+            "job.sql",
+            "--checkpoint",
+            &format!("ck{i}"),
+            "--trigger",
+            "200ms",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Rows in the table, read by Python `deltalake` (0 before it exists).
+fn rows_now(dir: &std::path::Path) -> usize {
+    if !dir.join("out/_delta_log").exists() {
+        return 0;
+    }
+    read_py(&dir.join("out")).len()
+}
+
+#[test]
+fn three_processes_share_a_topic_through_rebalances_and_sigkills_every_record_once() {
+    let broker = Broker::start();
+    broker.create_topic("grouped", 6);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("job.sql"), group_job(&broker.bootstrap())).unwrap();
+    let seed = clock_seed();
+    eprintln!("group test seed: {seed}");
+    let mut rng = Rng(seed | 1);
+
+    // Three processes; records produced while they run.
+    let mut procs: Vec<Option<Child>> = (0..3).map(|i| Some(spawn(dir, i))).collect();
+    let mut placed = Vec::new();
+    let mut kills = 0;
+    let started = Instant::now();
+    for round in 0..12 {
+        placed.extend(broker.produce("grouped", 6, &orders(round * 60, 60)));
+        std::thread::sleep(Duration::from_millis(400 + rng.below(600)));
+        match round {
+            // A fourth process joins (a rebalance)...
+            4 => procs.push(Some(spawn(dir, 3))),
+            // ... and the first leaves for good, stopped by SIGTERM.
+            8 => {
+                let mut c = procs[0].take().unwrap();
+                unsafe_kill(c.id(), 15);
+                let status = c.wait().unwrap();
+                assert!(status.success(), "SIGTERM: exit {:?}", status.code());
+            }
+            _ => {
+                // SIGKILL one of the others at random, and restart it.
+                let i = 1 + rng.below(procs.len() as u64 - 1) as usize;
+                if let Some(mut c) = procs[i].take() {
+                    c.kill().unwrap();
+                    c.wait().unwrap();
+                    kills += 1;
+                    procs[i] = Some(spawn(dir, i));
+                }
+            }
+        }
+    }
+    eprintln!("produced {} records, {kills} kills", placed.len());
+    // The survivors catch up (a killed member's partitions move once the
+    // group notices it is gone: the session timeout).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let n = rows_now(dir);
+        if n >= placed.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {n} of {} records after {:?}",
+            placed.len(),
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    for c in procs.iter_mut().flatten() {
+        unsafe_kill(c.id(), 15);
+        let status = c.wait().unwrap();
+        assert!(status.success(), "SIGTERM: exit {:?}", status.code());
+    }
+    assert_records_once(&read_py(&dir.join("out")), &placed);
+    // Each process's batches, and every partition's chain of ranges
+    // across all of them, check clean.
+    let mut writers = 0;
+    for i in 0..4 {
+        let o = run_in(
+            dir,
+            &["verify", "--checkpoint", &format!("ck{i}"), "--json"],
+        );
+        assert!(o.status.success(), "verify ck{i}: {}", text(&o));
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let r = &report;
+        assert_eq!(r["positions_checked"], 6, "{report}");
+        let batches = r["batches_in_table"].as_u64().unwrap();
+        eprintln!("ck{i}: {batches} batches in the table");
+        writers += usize::from(batches > 0);
+    }
+    // The group shared the partitions: several processes wrote.
+    assert!(writers >= 3, "only {writers} processes committed batches");
+}
+
+#[test]
+fn group_mode_refuses_what_it_cannot_keep_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let job = |options: &str| kafka_job("127.0.0.1:1", "t", "out", options);
+    for (options, args, wanted) in [
+        (
+            "'group_id' 'g', 'partitions' '0'",
+            vec!["--trigger", "200ms"],
+            "cannot be combined with 'group_id'",
+        ),
+        (
+            "'group_id' 'g'",
+            vec!["--trigger", "available-now"],
+            "group mode runs continuously",
+        ),
+        (
+            "'group_id' 'a/b'",
+            vec!["--trigger", "200ms"],
+            "without '/'",
+        ),
+    ] {
+        std::fs::write(dir.join("job.sql"), job(options)).unwrap();
+        let mut a = vec!["run", "job.sql", "--checkpoint", "ck"];
+        a.extend(args);
+        let o = run_in(dir, &a);
+        assert_eq!(o.status.code(), Some(2), "{options}: {}", text(&o));
+        assert!(stderr(&o).contains(wanted), "{options}: {}", text(&o));
+        let _ = std::fs::remove_dir_all(dir.join("ck"));
+    }
+}
+
+#[test]
+fn a_replayed_batch_whose_partitions_another_process_committed_is_dropped_not_duplicated() {
+    let broker = Broker::start();
+    broker.create_topic("raced", 2);
+    let placed = broker.produce("raced", 2, &orders(0, 100));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let job = kafka_job(
+        &broker.bootstrap(),
+        "raced",
+        "out",
+        "'group_id' 'race', 'kafka.session.timeout.ms' '6000', 'kafka.heartbeat.interval.ms' '500'",
+    );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let run = |ckpt: &str, trigger: &str, fail: Option<&str>| {
+        let mut c = bin();
+        c.current_dir(dir).args([
+            "run",
+            "job.sql",
+            "--checkpoint",
+            ckpt,
+            "--trigger",
+            trigger,
+            "--progress-json",
+        ]);
+        if let Some(f) = fail {
+            c.env("LAKESTREAM_FAIL_POINT", f);
+        }
+        c
+    };
+    // Process A plans batch 0 over both partitions, writes its files and
+    // dies before the commit; its write-ahead holds the range.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let o = run("ck_a", "200ms", Some("after-files:0"))
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{}", text(&o));
+        if dir.join("ck_a/offsets/0").exists() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "A never planned: {}", text(&o));
+    }
+    // Process B, with its own checkpoint, owns both partitions now and
+    // commits the same records.
+    let mut b = run("ck_b", "200ms", None)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while rows_now(dir) < placed.len() {
+        assert!(Instant::now() < deadline, "B did not catch up");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    unsafe_kill(b.id(), 15);
+    assert!(b.wait().unwrap().success());
+    // A restarts and replays batch 0: superseded, dropped, not written.
+    let o = run("ck_a", "once", None).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let first: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .next()
+            .expect("a progress line"),
+    )
+    .unwrap();
+    assert_eq!(first["batch_id"], 0, "{first}");
+    assert_eq!(first["recovered"], true, "{first}");
+    assert!(
+        first["superseded"]
+            .as_str()
+            .is_some_and(|s| s.contains("race/raced/")),
+        "{first}"
+    );
+    assert_records_once(&read_py(&dir.join("out")), &placed);
+    for ck in ["ck_a", "ck_b"] {
+        let o = run_in(dir, &["verify", "--checkpoint", ck]);
+        assert!(o.status.success(), "verify {ck}: {}", text(&o));
+    }
+}
