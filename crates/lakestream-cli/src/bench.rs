@@ -32,6 +32,9 @@ pub(crate) struct BenchConfig {
     pub(crate) state_groups: u64,
     pub(crate) kafka_bootstrap: Option<String>,
     pub(crate) kafka_messages: u64,
+    /// Where the several-writers workload also puts its tables (an object
+    /// store prefix), besides on local disk.
+    pub(crate) writers_table_prefix: Option<String>,
 }
 
 impl BenchConfig {
@@ -365,8 +368,8 @@ struct WritersCost {
 }
 
 /// `writers` processes, each `shard i/writers` of `files` one-file batches
-/// (10 events each), committing into one table at once.
-fn writers_cost(dir: &Path, files: u64, writers: u64) -> anyhow::Result<WritersCost> {
+/// (10 events each), committing into one table (`table`) at once.
+fn writers_cost(dir: &Path, files: u64, writers: u64, table: &str) -> anyhow::Result<WritersCost> {
     std::fs::create_dir_all(dir.join("events"))?;
     for i in 0..files {
         let body: String = (0..10)
@@ -383,7 +386,7 @@ fn writers_cost(dir: &Path, files: u64, writers: u64) -> anyhow::Result<WritersC
         write_job(
             dir,
             &format!("job{i}.sql"),
-            "out",
+            table,
             &format!("'max_files_per_trigger' '1', 'shard' '{i}/{writers}'"),
         )?;
     }
@@ -671,23 +674,39 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     // 3b. several writers, one table: shards of the tiny files, each its
     // own process and checkpoint, committing into one table at once.
     let files = (cfg.tiny_batches * 2 / 3).max(4);
-    for writers in [1u64, 2, 4, 8] {
-        let w = writers_cost(&dir.join(format!("writers-{writers}")), files, writers)?;
-        figure(
-            &format!("writers.{writers}.commits_per_s"),
-            format!("{:.1}", w.commits as f64 / w.wall.as_secs_f64()),
-            "commits/s",
+    let mut stores = vec![("writers".to_string(), None)];
+    if let Some(prefix) = &cfg.writers_table_prefix {
+        let run = format!(
+            "{}/run-{}",
+            prefix.trim_end_matches('/'),
+            std::process::id()
         );
-        figure(
-            &format!("writers.{writers}.retried"),
-            format!("{:.1}", 100.0 * w.retries as f64 / w.commits.max(1) as f64),
-            "% of commits",
-        );
-        figure(
-            &format!("writers.{writers}.commit_median"),
-            format!("{:.2}", w.commit_median_ms),
-            "ms",
-        );
+        stores.push(("writers_remote".to_string(), Some(run)));
+    }
+    for (key, prefix) in &stores {
+        for writers in [1u64, 2, 4, 8] {
+            let table = match prefix {
+                Some(p) => format!("{p}/writers-{writers}"),
+                None => "out".to_string(),
+            };
+            let work = dir.join(format!("{key}-{writers}"));
+            let w = writers_cost(&work, files, writers, &table)?;
+            figure(
+                &format!("{key}.{writers}.commits_per_s"),
+                format!("{:.1}", w.commits as f64 / w.wall.as_secs_f64()),
+                "commits/s",
+            );
+            figure(
+                &format!("{key}.{writers}.retried"),
+                format!("{:.1}", 100.0 * w.retries as f64 / w.commits.max(1) as f64),
+                "% of commits",
+            );
+            figure(
+                &format!("{key}.{writers}.commit_median"),
+                format!("{:.2}", w.commit_median_ms),
+                "ms",
+            );
+        }
     }
 
     // 4. long history: commit time early and late in a table's life

@@ -207,6 +207,11 @@ enum Command {
         /// Messages in the Kafka workload.
         #[arg(long, default_value_t = 2_000_000)]
         kafka_messages: u64,
+        /// An object-store prefix (e.g. `s3://bucket/bench`) for the
+        /// several-writers workload's tables, besides the local ones;
+        /// credentials and endpoint from the environment (`AWS_*`).
+        #[arg(long)]
+        writers_table_prefix: Option<String>,
         /// Tiny sizes: every figure in seconds (a smoke test, not a measure).
         #[arg(long)]
         smoke: bool,
@@ -546,9 +551,11 @@ fn main() -> ExitCode {
                 state_groups,
                 kafka_bootstrap,
                 kafka_messages,
+                writers_table_prefix,
                 smoke,
             } => {
                 let cfg = bench::BenchConfig {
+                    writers_table_prefix,
                     dir,
                     rows,
                     files,
