@@ -216,6 +216,9 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Kafka { transient, .. } => *transient,
+            // Reading the table's positions while planning changes nothing:
+            // a store hiccup is retried like an unreachable broker.
+            Error::Positions { .. } => true,
             _ => false,
         }
     }

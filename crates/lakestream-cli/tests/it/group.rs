@@ -17,12 +17,19 @@ fn group_job(bootstrap: &str) -> String {
         "grouped",
         "out",
         "'group_id' 'ingest', 'max_offsets_per_trigger' '40', \
-         'kafka.session.timeout.ms' '6000', 'kafka.heartbeat.interval.ms' '500'",
+         'kafka.session.timeout.ms' '6000', 'kafka.heartbeat.interval.ms' '500', \
+         'kafka.max.poll.interval.ms' '10000'",
     )
 }
 
-/// A process of the job with its own checkpoint `ck<i>`.
+/// A process of the job with its own checkpoint `ck<i>`, logging to
+/// `log<i>` (appended over restarts; shown when the test fails).
 fn spawn(dir: &std::path::Path, i: usize) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("log{i}")))
+        .unwrap();
     bin()
         .current_dir(dir)
         .args([
@@ -33,10 +40,30 @@ fn spawn(dir: &std::path::Path, i: usize) -> Child {
             "--trigger",
             "200ms",
         ])
+        .env(
+            "LAKESTREAM_LOG",
+            "warn,lakestream_source=info,lakestream_sink=info,lakestream_engine=info,\
+             buoyant_kernel::snapshot::builder=off",
+        )
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap()
+}
+
+/// The last lines of every process's log.
+fn logs(dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    for i in 0..4 {
+        let text = std::fs::read_to_string(dir.join(format!("log{i}"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out.push_str(&format!("--- log{i}\n"));
+        for l in &lines[lines.len().saturating_sub(25)..] {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Rows in the table, read by Python `deltalake` (0 before it exists).
@@ -89,6 +116,15 @@ fn three_processes_share_a_topic_through_rebalances_and_sigkills_every_record_on
         }
     }
     eprintln!("produced {} records, {kills} kills", placed.len());
+    let alive = |procs: &mut Vec<Option<Child>>| {
+        for (i, c) in procs.iter_mut().enumerate() {
+            if let Some(c) = c
+                && let Some(status) = c.try_wait().unwrap()
+            {
+                panic!("process {i} exited on its own: {status}\n{}", logs(dir));
+            }
+        }
+    };
     // The survivors catch up (a killed member's partitions move once the
     // group notices it is gone: the session timeout).
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -99,10 +135,12 @@ fn three_processes_share_a_topic_through_rebalances_and_sigkills_every_record_on
         }
         assert!(
             Instant::now() < deadline,
-            "only {n} of {} records after {:?}",
+            "only {n} of {} records after {:?}\n{}",
             placed.len(),
-            started.elapsed()
+            started.elapsed(),
+            logs(dir)
         );
+        alive(&mut procs);
         std::thread::sleep(Duration::from_secs(2));
     }
     for c in procs.iter_mut().flatten() {

@@ -47,7 +47,15 @@ impl ConsumerContext for GroupContext {
                 if let Err(e) = consumer.pause(tpl) {
                     tracing::warn!(error = %e, "pausing assigned partitions failed");
                 }
-                tracing::info!(partitions = tpl.count(), "partitions assigned");
+                tracing::info!(
+                    partitions = tpl.count(),
+                    protocol = match consumer.rebalance_protocol() {
+                        rdkafka::consumer::RebalanceProtocol::Cooperative => "cooperative",
+                        rdkafka::consumer::RebalanceProtocol::Eager => "eager",
+                        rdkafka::consumer::RebalanceProtocol::None => "none",
+                    },
+                    "partitions assigned"
+                );
             }
             Rebalance::Revoke(tpl) => {
                 let mut revoked = self.revoked.lock().expect("revoked");
