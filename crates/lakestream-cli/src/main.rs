@@ -556,6 +556,7 @@ fn main() -> ExitCode {
             } => {
                 let cfg = bench::BenchConfig {
                     writers_table_prefix,
+                    smoke: false,
                     dir,
                     rows,
                     files,

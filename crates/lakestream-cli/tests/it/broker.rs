@@ -145,33 +145,44 @@ impl Broker {
         partitions: i32,
         values: &[(String, String)],
     ) -> Vec<(i32, i64)> {
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .set("batch.num.messages", "1")
-            .set("linger.ms", "0")
-            .set("message.timeout.ms", "30000")
-            .create()
-            .unwrap();
-        self.rt.block_on(async {
-            let sends = values.iter().enumerate().map(|(i, (key, value))| {
-                producer.send(
-                    FutureRecord::to(topic)
-                        .key(key)
-                        .payload(value)
-                        .partition(i as i32 % partitions),
-                    Duration::from_secs(30),
-                )
-            });
-            futures::future::join_all(sends)
-                .await
-                .into_iter()
-                .map(|r| {
-                    let d = r.unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
-                    (d.partition, d.offset)
-                })
-                .collect()
-        })
+        produce_at(&self.rt, &self.bootstrap(), topic, partitions, values)
     }
+}
+
+/// [`Broker::produce`] to any cluster at `bootstrap`, on `rt`.
+pub(crate) fn produce_at(
+    rt: &tokio::runtime::Runtime,
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    values: &[(String, String)],
+) -> Vec<(i32, i64)> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("batch.num.messages", "1")
+        .set("linger.ms", "0")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .unwrap();
+    rt.block_on(async {
+        let sends = values.iter().enumerate().map(|(i, (key, value))| {
+            producer.send(
+                FutureRecord::to(topic)
+                    .key(key)
+                    .payload(value)
+                    .partition(i as i32 % partitions),
+                Duration::from_secs(30),
+            )
+        });
+        futures::future::join_all(sends)
+            .await
+            .into_iter()
+            .map(|r| {
+                let d = r.unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
+                (d.partition, d.offset)
+            })
+            .collect()
+    })
 }
 
 impl Broker {

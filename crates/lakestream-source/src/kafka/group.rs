@@ -157,9 +157,19 @@ impl KafkaSource {
         }
         let mut cfg = self.client_config();
         cfg.set("group.id", self.group_id())
-            .set("partition.assignment.strategy", "cooperative-sticky")
             // Never read from: nothing to reset to, nothing to commit.
             .set("auto.offset.reset", "latest");
+        // Cooperative-sticky unless the job chose its strategy
+        // (`kafka.partition.assignment.strategy`): a rebalance then moves
+        // only the partitions that change owner.
+        if !self
+            .options
+            .client_config
+            .keys()
+            .any(|k| k.eq_ignore_ascii_case("partition.assignment.strategy"))
+        {
+            cfg.set("partition.assignment.strategy", "cooperative-sticky");
+        }
         let consumer: BaseConsumer<GroupContext> = cfg
             .create_with_context(GroupContext::default())
             .map_err(|e| create_err(&self.name, e))?;
