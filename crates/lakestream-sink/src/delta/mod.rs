@@ -822,6 +822,38 @@ impl Sink for DeltaSink {
             )
             .await?
         };
+        // Another writer took the version: appends do not conflict with
+        // appends, so the append is tried again at the new head, unless it
+        // carries a metaData action or a winner changed the table's
+        // metadata or protocol (then delta-rs's conflict check decides).
+        let mut append = append;
+        let mut refreshed = false;
+        let mut attempts = 0;
+        while append == Append::Taken && new_metadata.is_none() && attempts < COMMIT_RETRIES {
+            attempts += 1;
+            let tried = self.head(loaded).unwrap_or_default();
+            if let Some(done) = self
+                .after_lost_version(loaded, &info.query_id, batch)
+                .await?
+            {
+                return Ok(done);
+            }
+            refreshed = true;
+            let latest = self.head(loaded).unwrap_or_default();
+            if txn::changes_table(loaded.meta.log_store().as_ref(), tried, latest).await {
+                break;
+            }
+            append = self
+                .append_commit(
+                    loaded,
+                    &actions,
+                    operation.clone(),
+                    app_metadata.clone(),
+                    vec![transaction.clone()],
+                    info.batch_id,
+                )
+                .await?;
+        }
         if let Append::Committed(version) = append {
             if new_metadata.is_some() {
                 self.schema_evolved(loaded).await?;
@@ -832,7 +864,7 @@ impl Sink for DeltaSink {
 
         // delta-rs's commit: for tables with newer writer protocols, and
         // after another writer committed the version we tried.
-        let done = if append == Append::Taken {
+        let done = if append == Append::Taken && !refreshed {
             self.after_lost_version(loaded, &info.query_id, batch)
                 .await?
         } else {

@@ -118,3 +118,23 @@ pub(super) async fn snapshot_txn(
     .await
     .map_err(|e| DeltaTableError::Generic(format!("txn lookup task: {e}")))?
 }
+
+/// Whether any of the commits `(from, to]` changes the table's metadata or
+/// protocol (or cannot be read): an append that lost its version is then
+/// not simply tried again at the new head.
+pub(super) async fn changes_table(store: &dyn LogStore, from: u64, to: u64) -> bool {
+    for v in from + 1..=to {
+        let Ok(Some(bytes)) = store.read_commit_entry(v).await else {
+            return true;
+        };
+        // A mention anywhere counts (a commitInfo naming them only sends
+        // the append through delta-rs's check: safe, just slower).
+        let changes = bytes
+            .windows(10)
+            .any(|w| w == b"\"metaData\"" || w == b"\"protocol\"");
+        if changes {
+            return true;
+        }
+    }
+    false
+}
