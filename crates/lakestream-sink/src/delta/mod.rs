@@ -808,51 +808,46 @@ impl Sink for DeltaSink {
 
         // A replacement removes every file of the table and an upsert
         // rewrites the files holding its keys: both need the file list, so
-        // they go through delta-rs below.
-        let append = if info.write != WriteMode::Append {
-            Append::NotApplicable
-        } else {
-            self.append_commit(
-                loaded,
-                &actions,
-                operation.clone(),
-                app_metadata.clone(),
-                vec![transaction.clone()],
-                info.batch_id,
-            )
-            .await?
-        };
-        // Another writer took the version: appends do not conflict with
-        // appends, so the append is tried again at the new head, unless it
-        // carries a metaData action or a winner changed the table's
-        // metadata or protocol (then delta-rs's conflict check decides).
-        let mut append = append;
+        // they go through delta-rs below. When another writer took the
+        // version, an append is tried again at the new head (appends do not
+        // conflict with appends), unless it carries a metaData action or a
+        // winner changed the table's metadata or protocol: then delta-rs's
+        // conflict check decides.
+        let mut append = Append::NotApplicable;
         let mut refreshed = false;
-        let mut attempts = 0;
-        while append == Append::Taken && new_metadata.is_none() && attempts < COMMIT_RETRIES {
-            attempts += 1;
-            let tried = self.head(loaded).unwrap_or_default();
-            if let Some(done) = self
-                .after_lost_version(loaded, &info.query_id, batch)
-                .await?
-            {
-                return Ok(done);
+        if info.write == WriteMode::Append {
+            for attempt in 0..=COMMIT_RETRIES {
+                if attempt > 0 {
+                    if new_metadata.is_some() {
+                        break;
+                    }
+                    let tried = self.head(loaded).unwrap_or_default();
+                    if let Some(done) = self
+                        .after_lost_version(loaded, &info.query_id, batch)
+                        .await?
+                    {
+                        return Ok(done);
+                    }
+                    refreshed = true;
+                    let latest = self.head(loaded).unwrap_or_default();
+                    if txn::changes_table(loaded.meta.log_store().as_ref(), tried, latest).await {
+                        break;
+                    }
+                }
+                append = self
+                    .append_commit(
+                        loaded,
+                        &actions,
+                        operation.clone(),
+                        app_metadata.clone(),
+                        vec![transaction.clone()],
+                        info.batch_id,
+                    )
+                    .await?;
+                if append != Append::Taken {
+                    break;
+                }
             }
-            refreshed = true;
-            let latest = self.head(loaded).unwrap_or_default();
-            if txn::changes_table(loaded.meta.log_store().as_ref(), tried, latest).await {
-                break;
-            }
-            append = self
-                .append_commit(
-                    loaded,
-                    &actions,
-                    operation.clone(),
-                    app_metadata.clone(),
-                    vec![transaction.clone()],
-                    info.batch_id,
-                )
-                .await?;
         }
         if let Append::Committed(version) = append {
             if new_metadata.is_some() {
