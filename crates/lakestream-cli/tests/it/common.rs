@@ -281,14 +281,7 @@ pub(crate) fn killed_run_writes_the_clean_table(
     assert!(o.status.success(), "{}", text(&o));
     let clean = multiset(&read_py(&dir.join("clean")));
     std::fs::write(dir.join("job.sql"), job("out")).unwrap();
-    let kills = kill_until_done(
-        dir,
-        &RUN_JOB,
-        &[],
-        max_kills,
-        clock_seed(),
-        std::time::Duration::from_secs(240),
-    );
+    let kills = kill_run_job(dir, max_kills);
     assert_eq!(multiset(&read_py(&dir.join("out"))), clean);
     // The killed run's table and checkpoint agree, batch by batch.
     let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);

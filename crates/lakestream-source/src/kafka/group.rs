@@ -33,15 +33,12 @@ use crate::{PositionClaim, PositionStore};
 #[derive(Default)]
 pub(super) struct GroupContext {
     revoked: Mutex<BTreeSet<(String, i32)>>,
-    rebalances: std::sync::atomic::AtomicU64,
 }
 
 impl ClientContext for GroupContext {}
 
 impl ConsumerContext for GroupContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        self.rebalances
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match rebalance {
             Rebalance::Assign(tpl) => {
                 if let Err(e) = consumer.pause(tpl) {
