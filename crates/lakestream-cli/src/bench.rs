@@ -21,6 +21,8 @@ use anyhow::{Context, bail};
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
+mod latency;
+
 /// Sizes of the workloads.
 #[derive(Debug, Clone)]
 pub(crate) struct BenchConfig {
@@ -38,7 +40,18 @@ pub(crate) struct BenchConfig {
     /// `--smoke`: tiny sizes, and no workload that depends on a test
     /// broker's consumer-group coordinator.
     pub(crate) smoke: bool,
+    /// Produce rates (messages a second) of the Kafka latency workload.
+    pub(crate) latency_rates: Vec<u64>,
+    /// How long the latency workload produces at each rate.
+    pub(crate) latency_seconds: f64,
+    /// The workloads to run (all when empty): names of [`WORKLOADS`].
+    pub(crate) only: Vec<String>,
 }
+
+/// The workloads `--only` can pick.
+pub(crate) const WORKLOADS: &[&str] = &[
+    "backfill", "state", "update", "tiny", "writers", "history", "startup", "kafka", "latency",
+];
 
 impl BenchConfig {
     /// The sizes of `--smoke`: every figure, in seconds.
@@ -49,8 +62,15 @@ impl BenchConfig {
         self.history = 40;
         self.state_groups = 20_000;
         self.kafka_messages = 2_000;
+        self.latency_rates = vec![100];
+        self.latency_seconds = 1.0;
         self.smoke = true;
         self
+    }
+
+    /// Whether `--only` (or its absence) picks `workload`.
+    fn wants(&self, workload: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|w| w == workload)
     }
 }
 
@@ -449,6 +469,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         "cores",
     );
 
+    if cfg.wants("backfill") {
     // 1. backfill
     let input_bytes = generate_events(&dir.join("events"), cfg.rows, cfg.files)?;
     write_job(dir, "backfill.sql", "out/backfill", "")?;
@@ -558,6 +579,9 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         "x",
     );
 
+    }
+
+    if cfg.wants("state") {
     // 2c. tiny batches against a large and a small state
     let small = (cfg.state_groups / 100).max(1);
     // Both first batches read the same number of rows, so the runs differ
@@ -602,6 +626,9 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         "x",
     );
 
+    }
+
+    if cfg.wants("update") {
     // 2d. update mode: 100 changed groups a batch merged into a table of a
     // tenth of the large state's groups, and of all of them
     let small_rows = (cfg.state_groups / 10).max(1);
@@ -617,6 +644,9 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         "x",
     );
 
+    }
+
+    if cfg.wants("tiny") {
     // 3. many tiny batches
     let tiny = dir.join("tiny");
     std::fs::create_dir_all(tiny.join("events"))?;
@@ -675,6 +705,9 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         );
     }
 
+    }
+
+    if cfg.wants("writers") {
     // 3b. several writers, one table: shards of the tiny files, each its
     // own process and checkpoint, committing into one table at once.
     let files = (cfg.tiny_batches * 2 / 3).max(4);
@@ -713,6 +746,9 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         }
     }
 
+    }
+
+    if cfg.wants("history") {
     // 4. long history: commit time early and late in a table's life
     let hist = dir.join("history");
     std::fs::create_dir_all(&hist)?;
@@ -785,11 +821,26 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         "x",
     );
 
-    // 5. kafka
-    if let Some(bootstrap) = &cfg.kafka_bootstrap {
-        kafka_bench(dir, bootstrap, cfg.kafka_messages, !cfg.smoke)?;
-    } else {
-        figure("kafka.skipped", 1, "(no --kafka-bootstrap)");
+    }
+
+    // 5. start-up: a one-batch job from exec to exit
+    if cfg.wants("startup") {
+        let runs = if cfg.smoke { 3 } else { 9 };
+        latency::startup(dir, cfg.kafka_bootstrap.as_deref(), runs)?;
+    }
+
+    // 6. kafka: throughput, then the latency of records produced at a
+    // steady rate
+    match &cfg.kafka_bootstrap {
+        Some(bootstrap) => {
+            if cfg.wants("kafka") {
+                kafka_bench(dir, bootstrap, cfg.kafka_messages, !cfg.smoke)?;
+            }
+            if cfg.wants("latency") {
+                latency::kafka_latency(dir, bootstrap, &cfg.latency_rates, cfg.latency_seconds)?;
+            }
+        }
+        None => figure("kafka.skipped", 1, "(no --kafka-bootstrap)"),
     }
     Ok(())
 }

@@ -178,7 +178,8 @@ enum Command {
         after_help = "Prints one `name: value unit` line per figure. Examples:\n  \
         lakestream bench                      # full size: 5M events in 50 files (about 1 GB of disk)\n  \
         lakestream bench --smoke              # every figure on tiny inputs, in seconds\n  \
-        lakestream bench --kafka-bootstrap 127.0.0.1:9092   # also Kafka -> Delta\n\n\
+        lakestream bench --kafka-bootstrap 127.0.0.1:9092   # also Kafka -> Delta\n  \
+        lakestream bench --only latency,startup --kafka-bootstrap 127.0.0.1:9092\n\n\
         Build with --release for figures that mean anything; see docs/benchmarks.md."
     )]
     Bench {
@@ -212,6 +213,16 @@ enum Command {
         /// credentials and endpoint from the environment (`AWS_*`).
         #[arg(long)]
         writers_table_prefix: Option<String>,
+        /// Produce rates (messages a second) of the Kafka latency workload.
+        #[arg(long, value_delimiter = ',', default_values_t = [100u64, 1_000, 20_000])]
+        latency_rates: Vec<u64>,
+        /// Seconds the latency workload produces at each rate.
+        #[arg(long, default_value_t = 5.0)]
+        latency_seconds: f64,
+        /// Run only these workloads (comma-separated): backfill, state,
+        /// update, tiny, writers, history, startup, kafka, latency.
+        #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(bench::WORKLOADS))]
+        only: Vec<String>,
         /// Tiny sizes: every figure in seconds (a smoke test, not a measure).
         #[arg(long)]
         smoke: bool,
@@ -552,10 +563,16 @@ fn main() -> ExitCode {
                 kafka_bootstrap,
                 kafka_messages,
                 writers_table_prefix,
+                latency_rates,
+                latency_seconds,
+                only,
                 smoke,
             } => {
                 let cfg = bench::BenchConfig {
                     writers_table_prefix,
+                    latency_rates,
+                    latency_seconds,
+                    only,
                     smoke: false,
                     dir,
                     rows,

@@ -1,0 +1,398 @@
+//! End-to-end latency of a Kafka record into the Delta table, and the
+//! start-up cost of a one-batch job.
+//!
+//! Latency: a producer writes records at a steady rate, each carrying the
+//! wall-clock time it was handed to the producer; the query runs as a user
+//! starts it (default trigger, continuous); afterwards the table's log is
+//! read and each row's latency is the time its commit file appeared in
+//! `_delta_log` (its modification time) minus its produce time. The split
+//! comes from the progress of the batch that committed the row: how long
+//! the row waited before that batch started, and the batch's own plan,
+//! write-ahead, execute and commit times.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+
+use super::{figure, percentile};
+
+/// Milliseconds since the epoch, with a fraction.
+fn epoch_ms(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}
+
+/// Medians (and the p99 of the latency) over the rows of one rate.
+struct Latency {
+    rows: usize,
+    batches: usize,
+    files: usize,
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    /// From produce to the start of the batch that read the row.
+    wait: f64,
+    plan: f64,
+    write_ahead: f64,
+    execute: f64,
+    commit: f64,
+}
+
+/// Run the latency workload at every rate for `seconds` each and print
+/// `latency.<rate>.*` figures.
+pub(super) fn kafka_latency(
+    dir: &Path,
+    bootstrap: &str,
+    rates: &[u64],
+    seconds: f64,
+) -> anyhow::Result<()> {
+    for &rate in rates {
+        let l = one_rate(dir, bootstrap, rate, seconds)
+            .with_context(|| format!("latency at {rate} msg/s"))?;
+        let key = format!("latency.{rate}");
+        figure(&format!("{key}.rows"), l.rows, "rows");
+        figure(&format!("{key}.batches"), l.batches, "batches");
+        figure(&format!("{key}.table_files"), l.files, "files");
+        figure(&format!("{key}.p50"), format!("{:.1}", l.p50), "ms");
+        figure(&format!("{key}.p90"), format!("{:.1}", l.p90), "ms");
+        figure(&format!("{key}.p99"), format!("{:.1}", l.p99), "ms");
+        figure(
+            &format!("{key}.wait_median"),
+            format!("{:.1}", l.wait),
+            "ms (produced to its batch's start)",
+        );
+        figure(&format!("{key}.plan_median"), format!("{:.1}", l.plan), "ms");
+        figure(
+            &format!("{key}.write_ahead_median"),
+            format!("{:.1}", l.write_ahead),
+            "ms",
+        );
+        figure(
+            &format!("{key}.execute_median"),
+            format!("{:.1}", l.execute),
+            "ms (read, execute, write files)",
+        );
+        figure(
+            &format!("{key}.commit_median"),
+            format!("{:.1}", l.commit),
+            "ms",
+        );
+    }
+    Ok(())
+}
+
+fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Result<Latency> {
+    use rdkafka::ClientConfig;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let topic = format!("latency-{}-{rate}", std::process::id());
+    let rt = tokio::runtime::Runtime::new()?;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    rt.block_on(admin.create_topics(
+        &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+        &AdminOptions::new(),
+    ))?;
+    let job = format!("latency-{rate}.sql");
+    let table = dir.join(format!("out/latency-{rate}"));
+    std::fs::write(
+        dir.join(&job),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE events (seq BIGINT NOT NULL, produced_ms BIGINT NOT NULL)
+             STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}'
+             OPTIONS ('starting_offsets' 'earliest');
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out/latency-{rate}';
+             INSERT INTO out SELECT seq, produced_ms FROM events;"
+        ),
+    )?;
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "0")
+        .set("batch.num.messages", "1")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let send = |seq: i64| -> anyhow::Result<()> {
+        let body = format!(
+            "{{\"seq\":{seq},\"produced_ms\":{}}}",
+            epoch_ms(SystemTime::now()) as i64
+        );
+        loop {
+            match producer.send(BaseRecord::<(), String>::to(&topic).payload(&body)) {
+                Ok(()) => return Ok(()),
+                Err((e, _))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    producer.poll(Duration::from_millis(1));
+                }
+                Err((e, _)) => bail!("produce to {topic}: {e}"),
+            }
+        }
+    };
+
+    // The query, started as a user starts it: the default trigger.
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .current_dir(dir)
+        .args([
+            "run",
+            &job,
+            "--checkpoint",
+            &format!("ckpt/latency-{rate}"),
+            "--progress-json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str(&line) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    let stop = |child: &mut std::process::Child| {
+        // SAFETY: kill(2) on a child of this process.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = child.wait();
+    };
+    let mut progress = Vec::new();
+    let mut rows = 0u64;
+    let mut wait_for = |want: u64, progress: &mut Vec<serde_json::Value>| -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while rows < want {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let p = rx
+                .recv_timeout(left)
+                .map_err(|_| anyhow::anyhow!("the query committed {rows} of {want} records"))?;
+            rows += p["input_rows"].as_u64().unwrap_or(0);
+            progress.push(p);
+        }
+        Ok(())
+    };
+    // One record first: the query is running once it has committed it.
+    let warmed = send(-1)
+        .and_then(|_| Ok(producer.flush(Duration::from_secs(30))?))
+        .and_then(|_| wait_for(1, &mut progress));
+    if let Err(e) = warmed {
+        stop(&mut child);
+        return Err(e);
+    }
+    // Then `rate` records a second, each sent when it is due.
+    let total = (rate as f64 * seconds).round().max(1.0) as u64;
+    let start = Instant::now();
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
+        let now = Instant::now();
+        if due > now {
+            producer.poll(Duration::ZERO);
+            std::thread::sleep(due - now);
+        }
+        if let Err(e) = send(i as i64) {
+            stop(&mut child);
+            return Err(e);
+        }
+        producer.poll(Duration::ZERO);
+    }
+    let flushed = producer
+        .flush(Duration::from_secs(30))
+        .map_err(anyhow::Error::from)
+        .and_then(|_| wait_for(total + 1, &mut progress));
+    stop(&mut child);
+    flushed?;
+
+    // Each commit: when it appeared, and the batch that made it.
+    let by_version: BTreeMap<u64, &serde_json::Value> = progress
+        .iter()
+        .filter_map(|p| Some((p["table_version"].as_u64()?, p)))
+        .collect();
+    let log = table.join("_delta_log");
+    let mut seen = vec![false; total as usize];
+    let mut lat = Vec::new();
+    let mut waits = Vec::new();
+    let mut parts: [Vec<f64>; 4] = Default::default();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&log).with_context(|| format!("read {}", log.display()))? {
+        let path = entry?.path();
+        let Some(version) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let visible = epoch_ms(std::fs::metadata(&path)?.modified()?);
+        let batch = by_version.get(&version);
+        let d = |key: &str| batch.and_then(|b| b["durations"][key].as_f64());
+        for line in std::fs::read_to_string(&path)?.lines() {
+            let action: serde_json::Value = serde_json::from_str(line)?;
+            let Some(file) = action["add"]["path"].as_str() else {
+                continue;
+            };
+            files += 1;
+            let file = table.join(
+                percent_encoding::percent_decode_str(file)
+                    .decode_utf8()
+                    .context("an add path")?
+                    .as_ref(),
+            );
+            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                std::fs::File::open(&file).with_context(|| format!("open {}", file.display()))?,
+            )?
+            .build()?;
+            for b in reader {
+                let b = b?;
+                let seq = b
+                    .column_by_name("seq")
+                    .context("a seq column")?
+                    .as_primitive::<Int64Type>();
+                let produced = b
+                    .column_by_name("produced_ms")
+                    .context("a produced_ms column")?
+                    .as_primitive::<Int64Type>();
+                for (s, p) in seq.values().iter().zip(produced.values()) {
+                    let Ok(i) = usize::try_from(*s) else { continue };
+                    if i >= seen.len() || std::mem::replace(&mut seen[i], true) {
+                        bail!("record {s} is in the table twice (or was never sent)");
+                    }
+                    lat.push(visible - *p as f64);
+                    if let Some(total) = d("total_ms") {
+                        waits.push((visible - total - *p as f64).max(0.0));
+                    }
+                    for (k, key) in ["plan_ms", "write_ahead_ms", "execute_ms", "commit_ms"]
+                        .iter()
+                        .enumerate()
+                    {
+                        if let Some(v) = d(key) {
+                            parts[k].push(v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(missing) = seen.iter().position(|s| !s) {
+        bail!("record {missing} is not in the table");
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        percentile(v, 0.5)
+    };
+    lat.sort_by(f64::total_cmp);
+    let [plan, write_ahead, execute, commit] = &mut parts;
+    Ok(Latency {
+        rows: lat.len(),
+        batches: progress.len(),
+        files,
+        p50: percentile(&lat, 0.5),
+        p90: percentile(&lat, 0.9),
+        p99: percentile(&lat, 0.99),
+        wait: median(&mut waits),
+        plan: median(plan),
+        write_ahead: median(write_ahead),
+        execute: median(execute),
+        commit: median(commit),
+    })
+}
+
+/// Start-up: a one-batch job (one small input, a new checkpoint and a new
+/// table each time) from exec to exit, first commit included; the median
+/// of `runs`. `kafka` is a broker to measure a Kafka source too.
+pub(super) fn startup(dir: &Path, kafka: Option<&str>, runs: usize) -> anyhow::Result<()> {
+    let work = dir.join("startup");
+    std::fs::create_dir_all(work.join("events"))?;
+    let body: String = (0..10)
+        .map(|j| {
+            format!(
+                "{{\"event_id\":\"s{j}\",\"user_id\":{j},\"event_type\":\"view\",\"amount\":{j}.5,\"ts\":\"2026-01-01T00:00:00Z\"}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(work.join("events/part-0.json"), body)?;
+    std::fs::write(
+        work.join("files.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events (
+           event_id VARCHAR NOT NULL, user_id BIGINT, event_type VARCHAR, amount DOUBLE, ts TIMESTAMP
+         ) STORED AS JSON LOCATION 'events/';
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out-files';
+         INSERT INTO out SELECT * FROM events;",
+    )?;
+    let mut jobs = vec![("files", "out-files")];
+    if let Some(bootstrap) = kafka {
+        use rdkafka::ClientConfig;
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        use rdkafka::client::DefaultClientContext;
+        use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+        let topic = format!("startup-{}", std::process::id());
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()?;
+        tokio::runtime::Runtime::new()?.block_on(admin.create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        ))?;
+        // One record per produce request: some brokers report watermarks
+        // exactly only then.
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("batch.num.messages", "1")
+            .create()?;
+        for j in 0..10 {
+            producer
+                .send(BaseRecord::<(), String>::to(&topic).payload(&format!(
+                    "{{\"event_id\":\"s{j}\",\"user_id\":{j},\"amount\":{j}.5}}"
+                )))
+                .map_err(|(e, _)| e)?;
+        }
+        producer.flush(Duration::from_secs(30))?;
+        std::fs::write(
+            work.join("kafka.sql"),
+            format!(
+                "CREATE UNBOUNDED EXTERNAL TABLE events (
+                   event_id VARCHAR NOT NULL, user_id BIGINT, amount DOUBLE
+                 ) STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}'
+                 OPTIONS ('starting_offsets' 'earliest');
+                 CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out-kafka';
+                 INSERT INTO out SELECT * FROM events;"
+            ),
+        )?;
+        jobs.push(("kafka", "out-kafka"));
+    }
+    for (name, table) in jobs {
+        let mut walls = Vec::new();
+        for _ in 0..runs {
+            let _ = std::fs::remove_dir_all(work.join(table));
+            let _ = std::fs::remove_dir_all(work.join("ckpt"));
+            let r = super::run_job(&work, &format!("{name}.sql"), "ckpt")?;
+            let rows: u64 = r
+                .progress
+                .iter()
+                .filter_map(|p| p["input_rows"].as_u64())
+                .sum();
+            if rows != 10 {
+                bail!("the {name} start-up job read {rows} of 10 rows");
+            }
+            walls.push(r.wall.as_secs_f64() * 1000.0);
+        }
+        walls.sort_by(f64::total_cmp);
+        figure(
+            &format!("startup.{name}"),
+            format!("{:.1}", percentile(&walls, 0.5)),
+            "ms (exec to exit, one batch committed; median)",
+        );
+    }
+    Ok(())
+}
