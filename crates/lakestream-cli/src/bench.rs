@@ -470,188 +470,185 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     );
 
     if cfg.wants("backfill") {
-    // 1. backfill
-    let input_bytes = generate_events(&dir.join("events"), cfg.rows, cfg.files)?;
-    write_job(dir, "backfill.sql", "out/backfill", "")?;
-    let r = run_job(dir, "backfill.sql", "ckpt/backfill")?;
-    let secs = r.wall.as_secs_f64();
-    let input_rows: u64 = r
-        .progress
-        .iter()
-        .filter_map(|p| p["input_rows"].as_u64())
-        .sum();
-    if input_rows != cfg.rows {
-        bail!("the backfill read {input_rows} rows, expected {}", cfg.rows);
-    }
-    let out_files: u64 = r
-        .progress
-        .iter()
-        .filter_map(|p| p["output_files"].as_u64())
-        .sum();
-    let out_bytes: u64 = r
-        .progress
-        .iter()
-        .filter_map(|p| p["output_bytes"].as_u64())
-        .sum();
-    figure("backfill.rows", cfg.rows, "rows");
-    figure(
-        "backfill.input",
-        format!("{:.1}", input_bytes as f64 / 1e6),
-        "MB",
-    );
-    figure("backfill.wall", format!("{secs:.3}"), "s");
-    figure(
-        "backfill.throughput",
-        format!("{:.0}", cfg.rows as f64 / secs),
-        "rows/s",
-    );
-    figure(
-        "backfill.input_rate",
-        format!("{:.1}", input_bytes as f64 / 1e6 / secs),
-        "MB/s",
-    );
-    figure("backfill.cpu", format!("{:.2}", r.cpu_seconds), "cpu-s");
-    figure("backfill.batches", r.progress.len(), "batches");
-    figure("backfill.output_files", out_files, "files");
-    figure(
-        "backfill.output",
-        format!("{:.1}", out_bytes as f64 / 1e6),
-        "MB",
-    );
-    figure(
-        "backfill.peak_rss",
-        format!("{:.1}", r.peak_rss as f64 / (1 << 20) as f64),
-        "MiB",
-    );
-
-    // 2. raw limit on the same files
-    let (raw_secs, raw_cpu) = raw_limit(&dir.join("events"), &dir.join("raw"))?;
-    figure("raw.wall", format!("{raw_secs:.3}"), "s");
-    figure(
-        "raw.throughput",
-        format!("{:.0}", cfg.rows as f64 / raw_secs),
-        "rows/s",
-    );
-    figure("raw.cpu", format!("{raw_cpu:.2}"), "cpu-s");
-    figure(
-        "ratio.backfill_over_raw",
-        format!("{:.2}", raw_secs / secs),
-        "x",
-    );
-
-    // 2b. a windowed aggregation over the same input
-    std::fs::write(dir.join("windowed.sql"), WINDOWED_JOB)?;
-    let w = run_job(dir, "windowed.sql", "ckpt/windowed")?;
-    let w_secs = w.wall.as_secs_f64();
-    let w_input: u64 = w
-        .progress
-        .iter()
-        .filter_map(|p| p["input_rows"].as_u64())
-        .sum();
-    if w_input != cfg.rows {
-        bail!(
-            "the windowed run read {w_input} rows, expected {}",
-            cfg.rows
+        // 1. backfill
+        let input_bytes = generate_events(&dir.join("events"), cfg.rows, cfg.files)?;
+        write_job(dir, "backfill.sql", "out/backfill", "")?;
+        let r = run_job(dir, "backfill.sql", "ckpt/backfill")?;
+        let secs = r.wall.as_secs_f64();
+        let input_rows: u64 = r
+            .progress
+            .iter()
+            .filter_map(|p| p["input_rows"].as_u64())
+            .sum();
+        if input_rows != cfg.rows {
+            bail!("the backfill read {input_rows} rows, expected {}", cfg.rows);
+        }
+        let out_files: u64 = r
+            .progress
+            .iter()
+            .filter_map(|p| p["output_files"].as_u64())
+            .sum();
+        let out_bytes: u64 = r
+            .progress
+            .iter()
+            .filter_map(|p| p["output_bytes"].as_u64())
+            .sum();
+        figure("backfill.rows", cfg.rows, "rows");
+        figure(
+            "backfill.input",
+            format!("{:.1}", input_bytes as f64 / 1e6),
+            "MB",
         );
-    }
-    let groups: u64 = w
-        .progress
-        .iter()
-        .filter_map(|p| p["output_rows"].as_u64())
-        .sum();
-    figure("windowed.wall", format!("{w_secs:.3}"), "s");
-    figure(
-        "windowed.throughput",
-        format!("{:.0}", cfg.rows as f64 / w_secs),
-        "rows/s",
-    );
-    figure("windowed.cpu", format!("{:.2}", w.cpu_seconds), "cpu-s");
-    figure("windowed.batches", w.progress.len(), "batches");
-    figure("windowed.groups_written", groups, "rows");
-    figure(
-        "windowed.peak_rss",
-        format!("{:.1}", w.peak_rss as f64 / (1 << 20) as f64),
-        "MiB",
-    );
-    figure(
-        "ratio.windowed_over_backfill",
-        format!("{:.2}", secs / w_secs),
-        "x",
-    );
+        figure("backfill.wall", format!("{secs:.3}"), "s");
+        figure(
+            "backfill.throughput",
+            format!("{:.0}", cfg.rows as f64 / secs),
+            "rows/s",
+        );
+        figure(
+            "backfill.input_rate",
+            format!("{:.1}", input_bytes as f64 / 1e6 / secs),
+            "MB/s",
+        );
+        figure("backfill.cpu", format!("{:.2}", r.cpu_seconds), "cpu-s");
+        figure("backfill.batches", r.progress.len(), "batches");
+        figure("backfill.output_files", out_files, "files");
+        figure(
+            "backfill.output",
+            format!("{:.1}", out_bytes as f64 / 1e6),
+            "MB",
+        );
+        figure(
+            "backfill.peak_rss",
+            format!("{:.1}", r.peak_rss as f64 / (1 << 20) as f64),
+            "MiB",
+        );
 
+        // 2. raw limit on the same files
+        let (raw_secs, raw_cpu) = raw_limit(&dir.join("events"), &dir.join("raw"))?;
+        figure("raw.wall", format!("{raw_secs:.3}"), "s");
+        figure(
+            "raw.throughput",
+            format!("{:.0}", cfg.rows as f64 / raw_secs),
+            "rows/s",
+        );
+        figure("raw.cpu", format!("{raw_cpu:.2}"), "cpu-s");
+        figure(
+            "ratio.backfill_over_raw",
+            format!("{:.2}", raw_secs / secs),
+            "x",
+        );
+
+        // 2b. a windowed aggregation over the same input
+        std::fs::write(dir.join("windowed.sql"), WINDOWED_JOB)?;
+        let w = run_job(dir, "windowed.sql", "ckpt/windowed")?;
+        let w_secs = w.wall.as_secs_f64();
+        let w_input: u64 = w
+            .progress
+            .iter()
+            .filter_map(|p| p["input_rows"].as_u64())
+            .sum();
+        if w_input != cfg.rows {
+            bail!(
+                "the windowed run read {w_input} rows, expected {}",
+                cfg.rows
+            );
+        }
+        let groups: u64 = w
+            .progress
+            .iter()
+            .filter_map(|p| p["output_rows"].as_u64())
+            .sum();
+        figure("windowed.wall", format!("{w_secs:.3}"), "s");
+        figure(
+            "windowed.throughput",
+            format!("{:.0}", cfg.rows as f64 / w_secs),
+            "rows/s",
+        );
+        figure("windowed.cpu", format!("{:.2}", w.cpu_seconds), "cpu-s");
+        figure("windowed.batches", w.progress.len(), "batches");
+        figure("windowed.groups_written", groups, "rows");
+        figure(
+            "windowed.peak_rss",
+            format!("{:.1}", w.peak_rss as f64 / (1 << 20) as f64),
+            "MiB",
+        );
+        figure(
+            "ratio.windowed_over_backfill",
+            format!("{:.2}", secs / w_secs),
+            "x",
+        );
     }
 
     if cfg.wants("state") {
-    // 2c. tiny batches against a large and a small state
-    let small = (cfg.state_groups / 100).max(1);
-    // Both first batches read the same number of rows, so the runs differ
-    // in their groups only.
-    let first = cfg.state_groups;
-    let small_ms = state_cost(&dir.join("state-small"), small, first, 30)?;
-    let large_ms = state_cost(&dir.join("state-large"), cfg.state_groups, first, 30)?;
-    figure("state.small_groups", small, "groups");
-    figure(
-        "state.small_median",
-        format!("{:.2}", small_ms.median),
-        "ms",
-    );
-    figure("state.small_p90", format!("{:.2}", small_ms.p90), "ms");
-    figure("state.large_groups", cfg.state_groups, "groups");
-    figure(
-        "state.large_median",
-        format!("{:.2}", large_ms.median),
-        "ms",
-    );
-    figure("state.large_p90", format!("{:.2}", large_ms.p90), "ms");
-    let mib = |b: u64| format!("{:.1}", b as f64 / (1 << 20) as f64);
-    figure("state.large_bytes", mib(large_ms.bytes), "MiB");
-    figure("state.large_arrow_bytes", mib(large_ms.arrow_bytes), "MiB");
-    figure("state.small_peak_rss", mib(small_ms.peak_rss), "MiB");
-    figure("state.large_peak_rss", mib(large_ms.peak_rss), "MiB");
-    figure(
-        "ratio.state_large_over_small",
-        format!("{:.2}", large_ms.median / small_ms.median),
-        "x",
-    );
-    // The memory the large state costs beyond the small run (the same job
-    // over as many input rows, into 1% of the groups), per byte of the
-    // groups' Arrow size.
-    figure(
-        "ratio.state_rss_over_arrow",
-        format!(
-            "{:.2}",
-            large_ms.peak_rss.saturating_sub(small_ms.peak_rss) as f64
-                / large_ms.arrow_bytes.max(1) as f64
-        ),
-        "x",
-    );
-
+        // 2c. tiny batches against a large and a small state
+        let small = (cfg.state_groups / 100).max(1);
+        // Both first batches read the same number of rows, so the runs differ
+        // in their groups only.
+        let first = cfg.state_groups;
+        let small_ms = state_cost(&dir.join("state-small"), small, first, 30)?;
+        let large_ms = state_cost(&dir.join("state-large"), cfg.state_groups, first, 30)?;
+        figure("state.small_groups", small, "groups");
+        figure(
+            "state.small_median",
+            format!("{:.2}", small_ms.median),
+            "ms",
+        );
+        figure("state.small_p90", format!("{:.2}", small_ms.p90), "ms");
+        figure("state.large_groups", cfg.state_groups, "groups");
+        figure(
+            "state.large_median",
+            format!("{:.2}", large_ms.median),
+            "ms",
+        );
+        figure("state.large_p90", format!("{:.2}", large_ms.p90), "ms");
+        let mib = |b: u64| format!("{:.1}", b as f64 / (1 << 20) as f64);
+        figure("state.large_bytes", mib(large_ms.bytes), "MiB");
+        figure("state.large_arrow_bytes", mib(large_ms.arrow_bytes), "MiB");
+        figure("state.small_peak_rss", mib(small_ms.peak_rss), "MiB");
+        figure("state.large_peak_rss", mib(large_ms.peak_rss), "MiB");
+        figure(
+            "ratio.state_large_over_small",
+            format!("{:.2}", large_ms.median / small_ms.median),
+            "x",
+        );
+        // The memory the large state costs beyond the small run (the same job
+        // over as many input rows, into 1% of the groups), per byte of the
+        // groups' Arrow size.
+        figure(
+            "ratio.state_rss_over_arrow",
+            format!(
+                "{:.2}",
+                large_ms.peak_rss.saturating_sub(small_ms.peak_rss) as f64
+                    / large_ms.arrow_bytes.max(1) as f64
+            ),
+            "x",
+        );
     }
 
     if cfg.wants("update") {
-    // 2d. update mode: 100 changed groups a batch merged into a table of a
-    // tenth of the large state's groups, and of all of them
-    let small_rows = (cfg.state_groups / 10).max(1);
-    let update_small = update_cost(&dir.join("update-small"), small_rows, 10)?;
-    let update_large = update_cost(&dir.join("update-large"), cfg.state_groups, 10)?;
-    figure("update.small_rows", small_rows, "rows");
-    figure("update.small_median", format!("{:.2}", update_small), "ms");
-    figure("update.large_rows", cfg.state_groups, "rows");
-    figure("update.large_median", format!("{:.2}", update_large), "ms");
-    figure(
-        "ratio.update_large_over_small",
-        format!("{:.2}", update_large / update_small),
-        "x",
-    );
-
+        // 2d. update mode: 100 changed groups a batch merged into a table of a
+        // tenth of the large state's groups, and of all of them
+        let small_rows = (cfg.state_groups / 10).max(1);
+        let update_small = update_cost(&dir.join("update-small"), small_rows, 10)?;
+        let update_large = update_cost(&dir.join("update-large"), cfg.state_groups, 10)?;
+        figure("update.small_rows", small_rows, "rows");
+        figure("update.small_median", format!("{:.2}", update_small), "ms");
+        figure("update.large_rows", cfg.state_groups, "rows");
+        figure("update.large_median", format!("{:.2}", update_large), "ms");
+        figure(
+            "ratio.update_large_over_small",
+            format!("{:.2}", update_large / update_small),
+            "x",
+        );
     }
 
     if cfg.wants("tiny") {
-    // 3. many tiny batches
-    let tiny = dir.join("tiny");
-    std::fs::create_dir_all(tiny.join("events"))?;
-    for i in 0..cfg.tiny_batches {
-        let body: String = (0..10)
+        // 3. many tiny batches
+        let tiny = dir.join("tiny");
+        std::fs::create_dir_all(tiny.join("events"))?;
+        for i in 0..cfg.tiny_batches {
+            let body: String = (0..10)
             .map(|j| {
                 format!(
                     "{{\"event_id\":\"t{i}-{j}\",\"user_id\":{j},\"event_type\":\"view\",\"amount\":{}.5,\"ts\":\"2026-01-01T00:00:00Z\"}}\n",
@@ -659,168 +656,165 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
                 )
             })
             .collect();
-        std::fs::write(tiny.join("events").join(format!("t{i:06}.json")), body)?;
-    }
-    write_job(&tiny, "tiny.sql", "out", "'max_files_per_trigger' '1'")?;
-    // With metrics served, as an operated query runs: their cost is part
-    // of the overhead.
-    let r = run_job_with(
-        &tiny,
-        "tiny.sql",
-        "ckpt",
-        &["--metrics-addr", "127.0.0.1:0"],
-    )?;
-    let mut totals: Vec<f64> = r
-        .progress
-        .iter()
-        .filter_map(|p| p["durations"]["total_ms"].as_f64())
-        .collect();
-    totals.sort_by(f64::total_cmp);
-    figure("overhead.batches", totals.len(), "batches");
-    // Everything between batches too (progress kept in the checkpoint,
-    // snapshots, reporting), and the process's start spread over them.
-    figure(
-        "overhead.wall_per_batch",
-        format!(
-            "{:.2}",
-            r.wall.as_secs_f64() * 1000.0 / totals.len().max(1) as f64
-        ),
-        "ms",
-    );
-    figure(
-        "overhead.median",
-        format!("{:.2}", percentile(&totals, 0.5)),
-        "ms",
-    );
-    figure(
-        "overhead.p99",
-        format!("{:.2}", percentile(&totals, 0.99)),
-        "ms",
-    );
-    for key in ["plan_ms", "write_ahead_ms", "execute_ms", "commit_ms"] {
+            std::fs::write(tiny.join("events").join(format!("t{i:06}.json")), body)?;
+        }
+        write_job(&tiny, "tiny.sql", "out", "'max_files_per_trigger' '1'")?;
+        // With metrics served, as an operated query runs: their cost is part
+        // of the overhead.
+        let r = run_job_with(
+            &tiny,
+            "tiny.sql",
+            "ckpt",
+            &["--metrics-addr", "127.0.0.1:0"],
+        )?;
+        let mut totals: Vec<f64> = r
+            .progress
+            .iter()
+            .filter_map(|p| p["durations"]["total_ms"].as_f64())
+            .collect();
+        totals.sort_by(f64::total_cmp);
+        figure("overhead.batches", totals.len(), "batches");
+        // Everything between batches too (progress kept in the checkpoint,
+        // snapshots, reporting), and the process's start spread over them.
         figure(
-            &format!("overhead.{}", key.trim_end_matches("_ms")),
-            format!("{:.2}", median_of(&r.progress, key)),
+            "overhead.wall_per_batch",
+            format!(
+                "{:.2}",
+                r.wall.as_secs_f64() * 1000.0 / totals.len().max(1) as f64
+            ),
             "ms",
         );
-    }
-
-    }
-
-    if cfg.wants("writers") {
-    // 3b. several writers, one table: shards of the tiny files, each its
-    // own process and checkpoint, committing into one table at once.
-    let files = (cfg.tiny_batches * 2 / 3).max(4);
-    let mut stores = vec![("writers".to_string(), None)];
-    if let Some(prefix) = &cfg.writers_table_prefix {
-        let run = format!(
-            "{}/run-{}",
-            prefix.trim_end_matches('/'),
-            std::process::id()
+        figure(
+            "overhead.median",
+            format!("{:.2}", percentile(&totals, 0.5)),
+            "ms",
         );
-        stores.push(("writers_remote".to_string(), Some(run)));
-    }
-    for (key, prefix) in &stores {
-        for writers in [1u64, 2, 4, 8] {
-            let table = match prefix {
-                Some(p) => format!("{p}/writers-{writers}"),
-                None => "out".to_string(),
-            };
-            let work = dir.join(format!("{key}-{writers}"));
-            let w = writers_cost(&work, files, writers, &table)?;
+        figure(
+            "overhead.p99",
+            format!("{:.2}", percentile(&totals, 0.99)),
+            "ms",
+        );
+        for key in ["plan_ms", "write_ahead_ms", "execute_ms", "commit_ms"] {
             figure(
-                &format!("{key}.{writers}.commits_per_s"),
-                format!("{:.1}", w.commits as f64 / w.wall.as_secs_f64()),
-                "commits/s",
-            );
-            figure(
-                &format!("{key}.{writers}.retried"),
-                format!("{:.1}", 100.0 * w.retries as f64 / w.commits.max(1) as f64),
-                "% of commits",
-            );
-            figure(
-                &format!("{key}.{writers}.commit_median"),
-                format!("{:.2}", w.commit_median_ms),
+                &format!("overhead.{}", key.trim_end_matches("_ms")),
+                format!("{:.2}", median_of(&r.progress, key)),
                 "ms",
             );
         }
     }
 
+    if cfg.wants("writers") {
+        // 3b. several writers, one table: shards of the tiny files, each its
+        // own process and checkpoint, committing into one table at once.
+        let files = (cfg.tiny_batches * 2 / 3).max(4);
+        let mut stores = vec![("writers".to_string(), None)];
+        if let Some(prefix) = &cfg.writers_table_prefix {
+            let run = format!(
+                "{}/run-{}",
+                prefix.trim_end_matches('/'),
+                std::process::id()
+            );
+            stores.push(("writers_remote".to_string(), Some(run)));
+        }
+        for (key, prefix) in &stores {
+            for writers in [1u64, 2, 4, 8] {
+                let table = match prefix {
+                    Some(p) => format!("{p}/writers-{writers}"),
+                    None => "out".to_string(),
+                };
+                let work = dir.join(format!("{key}-{writers}"));
+                let w = writers_cost(&work, files, writers, &table)?;
+                figure(
+                    &format!("{key}.{writers}.commits_per_s"),
+                    format!("{:.1}", w.commits as f64 / w.wall.as_secs_f64()),
+                    "commits/s",
+                );
+                figure(
+                    &format!("{key}.{writers}.retried"),
+                    format!("{:.1}", 100.0 * w.retries as f64 / w.commits.max(1) as f64),
+                    "% of commits",
+                );
+                figure(
+                    &format!("{key}.{writers}.commit_median"),
+                    format!("{:.2}", w.commit_median_ms),
+                    "ms",
+                );
+            }
+        }
     }
 
     if cfg.wants("history") {
-    // 4. long history: commit time early and late in a table's life
-    let hist = dir.join("history");
-    std::fs::create_dir_all(&hist)?;
-    std::fs::write(
-        hist.join("history.sql"),
-        format!(
-            "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS GENERATOR LOCATION 'generator'
+        // 4. long history: commit time early and late in a table's life
+        let hist = dir.join("history");
+        std::fs::create_dir_all(&hist)?;
+        std::fs::write(
+            hist.join("history.sql"),
+            format!(
+                "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS GENERATOR LOCATION 'generator'
              OPTIONS ('rows' '{}', 'max_rows_per_trigger' '10');
              CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';
              INSERT INTO out SELECT event_id, amount FROM events;",
-            cfg.history * 10
-        ),
-    )?;
-    let r = run_job(&hist, "history.sql", "ckpt")?;
-    let window = (cfg.history / 10).clamp(3, 50) as usize;
-    let commits: Vec<f64> = r
-        .progress
-        .iter()
-        .filter_map(|p| p["durations"]["commit_ms"].as_f64())
-        .collect();
-    let median_window = |from: usize| {
-        let mut w: Vec<f64> = commits.iter().skip(from).take(window).copied().collect();
-        w.sort_by(f64::total_cmp);
-        percentile(&w, 0.5)
-    };
-    let early = median_window(5);
-    let late = median_window(commits.len().saturating_sub(window));
-    figure("history.versions", commits.len(), "versions");
-    figure("history.commit_early", format!("{early:.2}"), "ms");
-    figure("history.commit_late", format!("{late:.2}"), "ms");
-    figure(
-        "ratio.history_late_over_early",
-        format!("{:.2}", late / early),
-        "x",
-    );
+                cfg.history * 10
+            ),
+        )?;
+        let r = run_job(&hist, "history.sql", "ckpt")?;
+        let window = (cfg.history / 10).clamp(3, 50) as usize;
+        let commits: Vec<f64> = r
+            .progress
+            .iter()
+            .filter_map(|p| p["durations"]["commit_ms"].as_f64())
+            .collect();
+        let median_window = |from: usize| {
+            let mut w: Vec<f64> = commits.iter().skip(from).take(window).copied().collect();
+            w.sort_by(f64::total_cmp);
+            percentile(&w, 0.5)
+        };
+        let early = median_window(5);
+        let late = median_window(commits.len().saturating_sub(window));
+        figure("history.versions", commits.len(), "versions");
+        figure("history.commit_early", format!("{early:.2}"), "ms");
+        figure("history.commit_late", format!("{late:.2}"), "ms");
+        figure(
+            "ratio.history_late_over_early",
+            format!("{:.2}", late / early),
+            "x",
+        );
 
-    // A restart's cost must not grow with the query's age: the checkpoint
-    // keeps the newest batches and snapshots, not every batch ever run.
-    // Median of three restarts that find nothing new, after 50 batches and
-    // after the long history.
-    let restart_median = |dir: &Path| -> anyhow::Result<f64> {
-        let mut walls = Vec::new();
-        for _ in 0..3 {
-            walls.push(run_job(dir, "history.sql", "ckpt")?.wall.as_secs_f64() * 1000.0);
-        }
-        walls.sort_by(f64::total_cmp);
-        Ok(percentile(&walls, 0.5))
-    };
-    let short = dir.join("history-50");
-    std::fs::create_dir_all(&short)?;
-    std::fs::write(
-        short.join("history.sql"),
-        std::fs::read_to_string(hist.join("history.sql"))?
-            .replace(&format!("'rows' '{}'", cfg.history * 10), "'rows' '500'"),
-    )?;
-    run_job(&short, "history.sql", "ckpt")?;
-    let restart_short = restart_median(&short)?;
-    let restart_long = restart_median(&hist)?;
-    let kept = std::fs::read_dir(hist.join("ckpt/offsets"))?.count();
-    figure("history.restart_at_50", format!("{restart_short:.1}"), "ms");
-    figure(
-        &format!("history.restart_at_{}", commits.len()),
-        format!("{restart_long:.1}"),
-        "ms",
-    );
-    figure("history.offsets_files_kept", kept, "files");
-    figure(
-        "ratio.restart_long_over_short",
-        format!("{:.2}", restart_long / restart_short),
-        "x",
-    );
-
+        // A restart's cost must not grow with the query's age: the checkpoint
+        // keeps the newest batches and snapshots, not every batch ever run.
+        // Median of three restarts that find nothing new, after 50 batches and
+        // after the long history.
+        let restart_median = |dir: &Path| -> anyhow::Result<f64> {
+            let mut walls = Vec::new();
+            for _ in 0..3 {
+                walls.push(run_job(dir, "history.sql", "ckpt")?.wall.as_secs_f64() * 1000.0);
+            }
+            walls.sort_by(f64::total_cmp);
+            Ok(percentile(&walls, 0.5))
+        };
+        let short = dir.join("history-50");
+        std::fs::create_dir_all(&short)?;
+        std::fs::write(
+            short.join("history.sql"),
+            std::fs::read_to_string(hist.join("history.sql"))?
+                .replace(&format!("'rows' '{}'", cfg.history * 10), "'rows' '500'"),
+        )?;
+        run_job(&short, "history.sql", "ckpt")?;
+        let restart_short = restart_median(&short)?;
+        let restart_long = restart_median(&hist)?;
+        let kept = std::fs::read_dir(hist.join("ckpt/offsets"))?.count();
+        figure("history.restart_at_50", format!("{restart_short:.1}"), "ms");
+        figure(
+            &format!("history.restart_at_{}", commits.len()),
+            format!("{restart_long:.1}"),
+            "ms",
+        );
+        figure("history.offsets_files_kept", kept, "files");
+        figure(
+            "ratio.restart_long_over_short",
+            format!("{:.2}", restart_long / restart_short),
+            "x",
+        );
     }
 
     // 5. start-up: a one-batch job from exec to exit

@@ -492,6 +492,17 @@ pub trait Source: Send + Sync + Debug {
         partitions: usize,
     ) -> Result<Vec<BatchStream>>;
 
+    /// Wait until data past `after` (the previous batch's end, as
+    /// [`Source::plan`] gets it) may be available, for at most `max`. A
+    /// continuous query calls it when a plan found nothing new, instead of
+    /// sleeping its poll interval, so a record is read soon after it
+    /// arrives. Returning early is always allowed (the next plan decides
+    /// what a batch reads); a failure is reported by that plan, not here.
+    /// The default sleeps `max`.
+    async fn wait_for_data(&self, _after: Option<&Offset>, max: std::time::Duration) {
+        tokio::time::sleep(max).await
+    }
+
     /// A short human description of a range for progress output, such as
     /// "files 10..12" or "rows 1000..2000".
     fn describe(&self, start: Option<&Offset>, end: &Offset) -> String;

@@ -43,6 +43,30 @@ struct Latency {
     write_ahead: f64,
     execute: f64,
     commit: f64,
+    /// From handing a record to the producer to the broker's ack.
+    ack: f64,
+    /// The rate the producer kept (messages a second).
+    send_rate: f64,
+}
+
+/// When the broker acknowledged each record, from the time it was handed
+/// to the producer (the record's opaque).
+#[derive(Clone, Default)]
+struct AckTimes(std::sync::Arc<std::sync::Mutex<Vec<f64>>>);
+
+impl rdkafka::ClientContext for AckTimes {}
+
+impl rdkafka::producer::ProducerContext for AckTimes {
+    type DeliveryOpaque = Box<Instant>;
+
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, sent: Self::DeliveryOpaque) {
+        if result.is_ok() {
+            self.0
+                .lock()
+                .expect("acks")
+                .push(sent.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
 }
 
 /// Run the latency workload at every rate for `seconds` each and print
@@ -58,6 +82,16 @@ pub(super) fn kafka_latency(
             .with_context(|| format!("latency at {rate} msg/s"))?;
         let key = format!("latency.{rate}");
         figure(&format!("{key}.rows"), l.rows, "rows");
+        figure(
+            &format!("{key}.produced_rate"),
+            format!("{:.0}", l.send_rate),
+            "msg/s",
+        );
+        figure(
+            &format!("{key}.broker_ack_median"),
+            format!("{:.1}", l.ack),
+            "ms (produce to the broker's ack)",
+        );
         figure(&format!("{key}.batches"), l.batches, "batches");
         figure(&format!("{key}.table_files"), l.files, "files");
         figure(&format!("{key}.p50"), format!("{:.1}", l.p50), "ms");
@@ -68,7 +102,11 @@ pub(super) fn kafka_latency(
             format!("{:.1}", l.wait),
             "ms (produced to its batch's start)",
         );
-        figure(&format!("{key}.plan_median"), format!("{:.1}", l.plan), "ms");
+        figure(
+            &format!("{key}.plan_median"),
+            format!("{:.1}", l.plan),
+            "ms",
+        );
         figure(
             &format!("{key}.write_ahead_median"),
             format!("{:.1}", l.write_ahead),
@@ -115,19 +153,24 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
              INSERT INTO out SELECT seq, produced_ms FROM events;"
         ),
     )?;
-    let producer: BaseProducer = ClientConfig::new()
+    let acks = AckTimes::default();
+    let producer: BaseProducer<AckTimes> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("linger.ms", "0")
-        .set("batch.num.messages", "1")
         .set("queue.buffering.max.messages", "1000000")
-        .create()?;
+        .create_with_context(acks.clone())?;
     let send = |seq: i64| -> anyhow::Result<()> {
         let body = format!(
             "{{\"seq\":{seq},\"produced_ms\":{}}}",
             epoch_ms(SystemTime::now()) as i64
         );
         loop {
-            match producer.send(BaseRecord::<(), String>::to(&topic).payload(&body)) {
+            let record = BaseRecord::<(), String, Box<Instant>>::with_opaque_to(
+                &topic,
+                Box::new(Instant::now()),
+            )
+            .payload(&body);
+            match producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((e, _))
                     if e.rdkafka_error_code()
@@ -195,10 +238,14 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
     let start = Instant::now();
     for i in 0..total {
         let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
-        let now = Instant::now();
-        if due > now {
-            producer.poll(Duration::ZERO);
-            std::thread::sleep(due - now);
+        // Serve delivery reports while waiting, so acks are timed when
+        // they arrive.
+        loop {
+            let now = Instant::now();
+            if due <= now {
+                break;
+            }
+            producer.poll(due - now);
         }
         if let Err(e) = send(i as i64) {
             stop(&mut child);
@@ -206,6 +253,7 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
         }
         producer.poll(Duration::ZERO);
     }
+    let sent = start.elapsed();
     let flushed = producer
         .flush(Duration::from_secs(30))
         .map_err(anyhow::Error::from)
@@ -287,6 +335,7 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
     if let Some(missing) = seen.iter().position(|s| !s) {
         bail!("record {missing} is not in the table");
     }
+    let mut ack = acks.0.lock().expect("acks").clone();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         percentile(v, 0.5)
@@ -305,6 +354,8 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
         write_ahead: median(write_ahead),
         execute: median(execute),
         commit: median(commit),
+        ack: median(&mut ack),
+        send_rate: total as f64 / sent.as_secs_f64(),
     })
 }
 

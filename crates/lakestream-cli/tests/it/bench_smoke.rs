@@ -63,6 +63,13 @@ fn the_benchmark_prints_every_figure() {
         "writers.8.commits_per_s",
         "writers.8.commit_median",
         "kafka.group.skipped",
+        "startup.files",
+        "startup.kafka",
+        "latency.100.p50",
+        "latency.100.p99",
+        "latency.100.execute_median",
+        "latency.100.commit_median",
+        "latency.100.broker_ack_median",
     ] {
         let v = figures
             .get(name)
@@ -74,4 +81,19 @@ fn the_benchmark_prints_every_figure() {
     assert_eq!(figures["state.large_groups"], 20_000.0);
     // The checkpoint keeps the newest 100 batches at most, and 40 here.
     assert_eq!(figures["history.offsets_files_kept"], 40.0);
+    // One second at 100 records a second, each in the table once.
+    assert_eq!(figures["latency.100.rows"], 100.0);
+
+    // --only runs the workloads it names and nothing else.
+    let o = run_in(
+        tmp.path(),
+        &["bench", "--smoke", "--dir", "only", "--only", "startup"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(out.contains("startup.files: "), "{out}");
+    assert!(!out.contains("backfill."), "{out}");
+    assert!(!out.contains("startup.kafka"), "{out}");
+    let o = run_in(tmp.path(), &["bench", "--only", "backfil"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }

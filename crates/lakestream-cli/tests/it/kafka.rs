@@ -598,3 +598,92 @@ fn kafka_windowed_aggregation_through_sigkills_writes_what_a_clean_run_writes() 
     assert!(clean.len() >= 20, "only {} groups written", clean.len());
     assert!(kills >= 2, "only {kills} kills landed");
 }
+
+/// Consumers are kept from batch to batch: a range that starts where the
+/// last one ended reads on (with what the consumer fetched past it), any
+/// other start (a replay) is assigned afresh, a read dropped midway loses
+/// nothing for the next one, and the wait between plans wakes on a new
+/// record instead of sleeping the poll interval.
+#[test]
+fn kept_consumers_read_exactly_the_planned_ranges_and_wake_on_a_new_record() {
+    use futures::StreamExt;
+    use lakestream_engine::source::Source;
+    use lakestream_engine::source::kafka::{KafkaSource, KafkaSourceOptions, Topics, ValueFormat};
+    let broker = Broker::start();
+    broker.create_topic("kept", 2);
+    let placed = broker.produce("kept", 2, &orders(0, 40));
+    for p in 0..2 {
+        assert_eq!(placed.iter().filter(|(q, _)| *q == p).count(), 20);
+    }
+    let source = || {
+        let mut o = KafkaSourceOptions::new(&broker.bootstrap(), Topics::List(vec!["kept".into()]));
+        o.format = ValueFormat::String;
+        o.batch_size = 3;
+        KafkaSource::try_new("orders", None, o).unwrap()
+    };
+    let at = |a: i64, b: i64| serde_json::json!({"partitions": {"kept": {"0": a, "1": b}}});
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let read = |source: &KafkaSource, s: serde_json::Value, e: serde_json::Value| {
+            let streams = source.read(Some(&s), &e, 1).unwrap();
+            async move {
+                let mut rows = Vec::new();
+                for mut stream in streams {
+                    while let Some(b) = stream.next().await {
+                        rows.extend(lakestream_testkit::rows_of(&b.unwrap()));
+                    }
+                }
+                rows.sort();
+                rows
+            }
+        };
+        let kept = source();
+        kept.restore(None).await.unwrap();
+        let first = read(&kept, at(0, 0), at(5, 5)).await;
+        assert_eq!(first.len(), 10);
+        // Reads on: the consumer stands at 5/5 and fetched past it.
+        let second = read(&kept, at(5, 5), at(12, 12)).await;
+        assert_eq!(second.len(), 14);
+        // A replay of the first range: assigned afresh, the same rows.
+        assert_eq!(read(&kept, at(0, 0), at(5, 5)).await, first);
+        // A read dropped after its first record batch.
+        {
+            let mut streams = kept.read(Some(&at(5, 5)), &at(20, 20), 1).unwrap();
+            assert_eq!(streams[0].next().await.unwrap().unwrap().num_rows(), 3);
+        }
+        assert_eq!(read(&kept, at(5, 5), at(12, 12)).await, second);
+        let rest = read(&kept, at(12, 12), at(20, 20)).await;
+        assert_eq!(rest.len(), 16);
+        // Together, exactly what a new consumer reads of the whole topic.
+        let mut together = [first, second, rest].concat();
+        together.sort();
+        let fresh = source();
+        fresh.restore(None).await.unwrap();
+        assert_eq!(together, read(&fresh, at(0, 0), at(20, 20)).await);
+
+        // Nothing new: the wait lasts its whole time.
+        let t = Instant::now();
+        kept.wait_for_data(Some(&at(20, 20)), Duration::from_millis(300))
+            .await;
+        assert!(
+            t.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            t.elapsed()
+        );
+        // A record produced while waiting ends the wait.
+        let bootstrap = broker.bootstrap();
+        let producer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            crate::broker::produce_at(&rt, &bootstrap, "kept", 1, &orders(40, 1))
+        });
+        let t = Instant::now();
+        kept.wait_for_data(Some(&at(20, 20)), Duration::from_secs(30))
+            .await;
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert_eq!(producer.join().unwrap(), vec![(0, 20)]);
+        let new = read(&kept, at(20, 20), at(21, 20)).await;
+        assert_eq!(new.len(), 1);
+        assert!(new[0].contains("o-000040"), "{new:?}");
+    });
+}

@@ -183,6 +183,26 @@ impl Driver {
         Ok(())
     }
 
+    /// Between plans that found nothing (continuous trigger): until any
+    /// source may have new data past `prev`, a stop is requested, or the
+    /// poll interval passed.
+    async fn wait_for_data(
+        &self,
+        prev: &BTreeMap<String, Option<serde_json::Value>>,
+        stop: &mut watch::Receiver<bool>,
+    ) {
+        let waits = self.tables.iter().map(|t| {
+            let source = t.source();
+            let after = prev.get(source.name()).cloned().flatten();
+            let poll = self.poll;
+            Box::pin(async move { source.wait_for_data(after.as_ref(), poll).await })
+        });
+        tokio::select! {
+            _ = futures::future::select_all(waits) => {}
+            _ = stop.changed() => {}
+        }
+    }
+
     pub(crate) async fn run(
         self,
         mut stop: watch::Receiver<bool>,
@@ -292,7 +312,7 @@ impl Driver {
                 match self.trigger {
                     Trigger::AvailableNow | Trigger::Once => break,
                     Trigger::Continuous => {
-                        wait(&mut stop, self.poll).await;
+                        self.wait_for_data(&prev, &mut stop).await;
                         continue;
                     }
                     Trigger::Interval(d) => {

@@ -452,6 +452,8 @@ pub struct KafkaSource {
     rejected: crate::Rejects,
     /// Group mode's membership and positions.
     membership: group::GroupSlot,
+    /// Consumers kept between batches (see [`read`]).
+    readers: read::ReaderPool,
 }
 
 #[derive(Default)]
@@ -550,6 +552,7 @@ impl KafkaSource {
             skipped: Arc::new(Mutex::new(Vec::new())),
             rejected: Arc::new(Mutex::new(Vec::new())),
             membership: group::GroupSlot::default(),
+            readers: read::ReaderPool::default(),
         })
     }
 
@@ -774,6 +777,10 @@ fn is_transient(e: &KafkaError) -> bool {
     ) || matches!(e, KafkaError::MetadataFetch(_))
 }
 
+/// The default `fetch.wait.max.ms` of the source's consumers: an idle
+/// reader asks again every 10 ms (docs/sql.md, "Reading and latency").
+pub const FETCH_WAIT_MAX_MS: u64 = 10;
+
 fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &o.bootstrap_servers)
@@ -786,6 +793,11 @@ fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
         // A planned offset that no longer exists must be an error, never a
         // silent jump.
         .set("auto.offset.reset", "error")
+        // A kept reader's fetch waits at most this long for new records:
+        // brokers that hold a fetch for its whole wait even when records
+        // arrive would otherwise delay a record by up to librdkafka's
+        // default 500 ms. `kafka.fetch.wait.max.ms` overrides it.
+        .set("fetch.wait.max.ms", FETCH_WAIT_MAX_MS.to_string())
         .set("client.id", "lakestream");
     for (k, v) in &o.client_config {
         c.set(k, v);
@@ -815,6 +827,7 @@ impl Source for KafkaSource {
         // earlier start) must not cap this run.
         *self.state.lock().expect("kafka state") = KafkaState::default();
         self.membership.forget();
+        self.readers.clear();
         self.skipped.lock().expect("kafka skipped").clear();
         self.rejected.lock().expect("kafka rejected").clear();
         Ok(())
@@ -969,6 +982,33 @@ impl Source for KafkaSource {
             .filter(|g| !g.is_empty())
             .map(|g| self.range_stream(g))
             .collect())
+    }
+
+    async fn wait_for_data(&self, after: Option<&Offset>, max: Duration) {
+        let started = Instant::now();
+        // Group mode: the partitions owned move between plans, and the
+        // plan asks the group; waiting on a fetch is for fixed partitions.
+        let after = match after.map(|a| self.parse(a)) {
+            Some(Ok(a)) if self.options.group_id.is_none() => a,
+            _ => return tokio::time::sleep(max).await,
+        };
+        let starts: Vec<((String, i32), i64)> = after
+            .partitions
+            .iter()
+            .flat_map(|(t, ps)| ps.iter().map(move |(p, o)| ((t.clone(), *p), *o)))
+            .collect();
+        if starts.is_empty() {
+            return tokio::time::sleep(max).await;
+        }
+        let waited = self
+            .readers
+            .wait_for_message(&self.client_config(), &starts, max, self.options.consumers)
+            .await;
+        if let Err(e) = waited {
+            // The next plan reports what is wrong; until then, no busy loop.
+            tracing::debug!(source = %self.name, error = %e, "waiting for records failed");
+            tokio::time::sleep(max.saturating_sub(started.elapsed())).await;
+        }
     }
 
     fn latest(&self) -> Option<crate::Latest> {

@@ -1,9 +1,215 @@
-//! Reading a planned range: one consumer per partition set, assigned at
-//! explicit offsets, reading exactly `[start, end)` of each partition
-//! (transaction markers and aborted records skipped), with bounded retries
-//! of transient broker errors.
+//! Reading a planned range: consumers assigned at explicit offsets, reading
+//! exactly `[start, end)` of each partition (transaction markers and aborted
+//! records skipped), with bounded retries of transient broker errors.
+//!
+//! Consumers are kept across batches in a [`ReaderPool`]: a consumer that
+//! read a batch to its end is still connected and already fetching what
+//! follows, so the next batch, which starts where this one ended, reads on
+//! without a new connection or a new fetch. What the consumer delivers past
+//! a batch's end is kept (bounded, [`MAX_STASH_BYTES`]) for the next batch.
+//! A consumer is reused only when its position in every partition of the
+//! range is exactly the range's start; otherwise it is assigned afresh at
+//! the explicit start offsets, so a replay reads exactly what it planned.
+//! A read that fails or is dropped midway drops its consumer.
+
+use std::collections::VecDeque;
+
+use rdkafka::message::OwnedMessage;
 
 use super::*;
+
+/// Bytes of messages a pooled consumer keeps past the ranges it read
+/// (over all its partitions): past it, a partition's kept messages are
+/// dropped and the next read of it assigns it afresh.
+pub(super) const MAX_STASH_BYTES: usize = 16 << 20;
+
+/// Where a pooled consumer stands in one partition it is assigned.
+#[derive(Default)]
+pub(super) struct PartitionCursor {
+    /// The offset the next range of this partition must start at for the
+    /// consumer to read on (the end of what it last read, or where it was
+    /// assigned).
+    next: i64,
+    /// Messages at or past `next` the consumer already delivered, in order.
+    stash: VecDeque<OwnedMessage>,
+}
+
+/// A consumer kept between reads, with its cursors.
+pub(super) struct PooledReader {
+    consumer: Arc<StreamConsumer>,
+    parts: HashMap<(String, i32), PartitionCursor>,
+    stash_bytes: usize,
+}
+
+impl PooledReader {
+    fn new(consumer: StreamConsumer) -> Self {
+        Self {
+            consumer: Arc::new(consumer),
+            parts: HashMap::new(),
+            stash_bytes: 0,
+        }
+    }
+
+    /// Whether the consumer reads on at exactly `starts`.
+    fn continues(&self, starts: &[((String, i32), i64)]) -> bool {
+        starts
+            .iter()
+            .all(|(k, s)| self.parts.get(k).is_some_and(|c| c.next == *s))
+    }
+
+    /// Assign exactly `starts` (dropping every cursor and kept message).
+    fn assign(&mut self, starts: &[((String, i32), i64)]) -> std::result::Result<(), KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        for ((t, p), s) in starts {
+            tpl.add_partition_offset(t, *p, KOffset::Offset(*s))?;
+        }
+        self.consumer.assign(&tpl)?;
+        self.stash_bytes = 0;
+        self.parts = starts
+            .iter()
+            .map(|(k, s)| {
+                (
+                    k.clone(),
+                    PartitionCursor {
+                        next: *s,
+                        stash: VecDeque::new(),
+                    },
+                )
+            })
+            .collect();
+        Ok(())
+    }
+
+    /// Keep `m` for a later read if it is at or past its partition's
+    /// cursor; forget the partition when the kept messages grow too big.
+    fn keep(&mut self, m: &rdkafka::message::BorrowedMessage<'_>) {
+        let key = (m.topic().to_string(), m.partition());
+        let Some(c) = self.parts.get_mut(&key) else {
+            return;
+        };
+        if m.offset() < c.next || c.stash.back().is_some_and(|b| b.offset() >= m.offset()) {
+            return;
+        }
+        let size = m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len) + 64;
+        if self.stash_bytes + size > MAX_STASH_BYTES {
+            let c = self.parts.remove(&key).expect("present");
+            self.stash_bytes -= c.stash.iter().map(stash_size).sum::<usize>();
+            return;
+        }
+        self.stash_bytes += size;
+        c.stash.push_back(m.detach());
+    }
+
+    /// Take the next kept message of `key` at or past `pos` and before
+    /// `end`; `Err(())` when a kept message at or past `end` says the
+    /// range is read whole.
+    fn take_kept(
+        &mut self,
+        key: &(String, i32),
+        pos: i64,
+        end: i64,
+    ) -> std::result::Result<Option<OwnedMessage>, ()> {
+        let Some(c) = self.parts.get_mut(key) else {
+            return Ok(None);
+        };
+        while let Some(front) = c.stash.front() {
+            if front.offset() >= end {
+                return Err(());
+            }
+            let m = c.stash.pop_front().expect("front");
+            self.stash_bytes -= stash_size(&m);
+            if m.offset() >= pos {
+                return Ok(Some(m));
+            }
+        }
+        Ok(None)
+    }
+
+    fn has_kept(&self, key: &(String, i32)) -> bool {
+        self.parts.get(key).is_some_and(|c| !c.stash.is_empty())
+    }
+}
+
+fn stash_size(m: &OwnedMessage) -> usize {
+    m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len) + 64
+}
+
+/// The consumers kept between reads.
+#[derive(Default)]
+pub(super) struct ReaderPool(Arc<Mutex<Vec<PooledReader>>>);
+
+impl std::fmt::Debug for ReaderPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReaderPool")
+    }
+}
+
+impl ReaderPool {
+    /// A kept consumer that reads on at `starts`, else any kept consumer,
+    /// else `None`; the bool says whether it reads on.
+    fn take(&self, starts: &[((String, i32), i64)]) -> Option<(PooledReader, bool)> {
+        let mut pool = self.0.lock().expect("kafka reader pool");
+        if let Some(i) = pool.iter().position(|r| r.continues(starts)) {
+            return Some((pool.swap_remove(i), true));
+        }
+        pool.pop().map(|r| (r, false))
+    }
+
+    /// Keep `reader` for later reads, up to `max` consumers.
+    fn put(&self, reader: PooledReader, max: usize) {
+        let mut pool = self.0.lock().expect("kafka reader pool");
+        if pool.len() < max.max(1) {
+            pool.push(reader);
+        }
+    }
+
+    /// Wait up to `max` for a message at or past `starts` (every partition's
+    /// next offset), on a kept consumer that reads on there (assigned
+    /// there if none does); the message is kept for the next read.
+    pub(super) async fn wait_for_message(
+        &self,
+        cfg: &ClientConfig,
+        starts: &[((String, i32), i64)],
+        max: Duration,
+        max_pooled: usize,
+    ) -> std::result::Result<(), KafkaError> {
+        let mut r = match self.take(starts) {
+            Some((r, true)) => r,
+            found => {
+                let mut r = match found {
+                    Some((r, _)) => r,
+                    None => PooledReader::new(cfg.create()?),
+                };
+                r.assign(starts)?;
+                r
+            }
+        };
+        let deadline = Instant::now() + max;
+        let consumer = r.consumer.clone();
+        let mut result = Ok(());
+        while !starts.iter().any(|(k, _)| r.has_kept(k)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match tokio::time::timeout(left, consumer.recv()).await {
+                Err(_) => break,
+                Ok(Ok(m)) => r.keep(&m),
+                Ok(Err(e)) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.put(r, max_pooled);
+        result
+    }
+
+    /// Drop every kept consumer (a new run starts from its checkpoint).
+    pub(super) fn clear(&self) {
+        self.0.lock().expect("kafka reader pool").clear();
+    }
+}
 
 impl KafkaSource {
     pub(super) fn range_stream(&self, ranges: Vec<PartitionRange>) -> BatchStream {
@@ -21,33 +227,41 @@ impl KafkaSource {
             crate::OnError::Fail => None,
             crate::OnError::DeadLetter => Some(self.rejected.clone()),
         };
+        let pool = self.readers.0.clone();
+        let max_pooled = self.options.consumers;
         let fut = async move {
-            let consumer: StreamConsumer = cfg.create().map_err(|e| create_err(&name, e))?;
-            let consumer = Arc::new(consumer);
-            let mut tpl = TopicPartitionList::new();
-            let mut remaining: HashMap<(String, i32), (i64, i64)> = HashMap::new();
-            for PartitionRange {
-                topic: t,
-                partition: p,
-                start: s,
-                end: e,
-            } in &ranges
-            {
-                tpl.add_partition_offset(t, *p, KOffset::Offset(*s))
-                    .map_err(|e| Error::Kafka {
+            let starts: Vec<((String, i32), i64)> = ranges
+                .iter()
+                .map(|r| ((r.topic.clone(), r.partition), r.start))
+                .collect();
+            let remaining: HashMap<(String, i32), (i64, i64)> = ranges
+                .iter()
+                .map(|r| ((r.topic.clone(), r.partition), (r.start, r.end)))
+                .collect();
+            let pooled = ReaderPool(pool.clone()).take(&starts);
+            let mut reader = match pooled {
+                Some((r, true)) => r,
+                found => {
+                    let mut r = match found {
+                        Some((r, _)) => r,
+                        None => PooledReader::new(cfg.create().map_err(|e| create_err(&name, e))?),
+                    };
+                    r.assign(&starts).map_err(|e| Error::Kafka {
                         source_name: name.clone(),
-                        what: format!("assign {t}/{p}"),
+                        what: "assign partitions".into(),
                         reason: e.to_string(),
                         transient: false,
                     })?;
-                remaining.insert((t.clone(), *p), (*s, *e));
+                    r
+                }
+            };
+            // Once read, each range's partition continues at its end: only
+            // messages from there on are kept for the next batch.
+            for r in &ranges {
+                if let Some(c) = reader.parts.get_mut(&(r.topic.clone(), r.partition)) {
+                    c.next = r.end;
+                }
             }
-            consumer.assign(&tpl).map_err(|e| Error::Kafka {
-                source_name: name.clone(),
-                what: "assign partitions".into(),
-                reason: e.to_string(),
-                transient: false,
-            })?;
             let builder = RowBuilder::new(
                 name.clone(),
                 schema,
@@ -58,7 +272,9 @@ impl KafkaSource {
             )?;
             let reader = RangeReader {
                 name,
-                consumer,
+                consumer: reader.consumer.clone(),
+                pooled: Some(reader),
+                pool: (pool, max_pooled),
                 remaining,
                 builder,
                 timeout,
@@ -116,6 +332,9 @@ pub(super) const BOUNDS_CHECK_EVERY: Duration = Duration::from_secs(1);
 pub(super) struct RangeReader {
     name: String,
     consumer: Arc<StreamConsumer>,
+    /// The consumer with its cursors, back to the pool when the read ends.
+    pooled: Option<PooledReader>,
+    pool: (Arc<Mutex<Vec<PooledReader>>>, usize),
     /// (topic, partition) -> (next expected offset, end)
     remaining: HashMap<(String, i32), (i64, i64)>,
     builder: RowBuilder,
@@ -136,9 +355,23 @@ impl RangeReader {
                 let done = self.remaining.is_empty();
                 return match self.builder.finish()? {
                     Some(b) => Ok(Some((b, self))),
-                    None if done => Ok(None),
+                    None if done => {
+                        self.release();
+                        Ok(None)
+                    }
                     None => continue,
                 };
+            }
+            // What the consumer delivered before this read comes first.
+            if let Some(m) = self.next_kept() {
+                *self
+                    .remaining
+                    .get_mut(&(m.topic().to_string(), m.partition()))
+                    .map(|(pos, _)| pos)
+                    .expect("a kept message of a range being read") = m.offset() + 1;
+                self.last_progress = Instant::now();
+                self.builder.push(&m)?;
+                continue;
             }
             if self.last_progress.elapsed() > self.timeout {
                 let left: Vec<String> = self
@@ -200,14 +433,23 @@ impl RangeReader {
                 Ok(Ok(m)) => {
                     let key = (m.topic().to_string(), m.partition());
                     let Some((pos, end)) = self.remaining.get_mut(&key) else {
+                        // A partition read whole, or not in this read:
+                        // kept for the next batch.
+                        if let Some(r) = self.pooled.as_mut() {
+                            r.keep(&m);
+                        }
                         continue;
                     };
                     let off = m.offset();
                     if off < *pos || off >= *end {
-                        // Past the planned end (or a duplicate after a
-                        // retry): not this batch's record.
+                        // Past the planned end (kept for the next batch)
+                        // or a duplicate after a retry: not this batch's
+                        // record.
                         if off >= *end {
                             *pos = *end;
+                            if let Some(r) = self.pooled.as_mut() {
+                                r.keep(&m);
+                            }
                         }
                         continue;
                     }
@@ -296,6 +538,7 @@ impl RangeReader {
                             transient: is_transient(&e),
                         })?;
                     }
+                    self.forget(&topic, partition);
                     self.remaining.insert((topic, partition), (to, end));
                     changed = true;
                 }
@@ -310,6 +553,7 @@ impl RangeReader {
                          truncated, or the topic recreated)"
                         ),
                     )?;
+                    self.forget(&topic, partition);
                     self.remaining.insert((topic, partition), (end, end));
                     changed = true;
                 }
@@ -348,15 +592,51 @@ impl RangeReader {
         Ok(())
     }
 
+    /// The next kept message of a partition being read, in order; marks a
+    /// partition whose kept messages pass its end as read whole.
+    fn next_kept(&mut self) -> Option<OwnedMessage> {
+        let r = self.pooled.as_mut()?;
+        for (key, (pos, end)) in self.remaining.iter_mut() {
+            match r.take_kept(key, *pos, *end) {
+                Ok(Some(m)) => return Some(m),
+                Ok(None) => {}
+                Err(()) => *pos = *end,
+            }
+        }
+        None
+    }
+
+    /// A partition whose reading jumped (data loss handling): the pooled
+    /// consumer's cursor for it means nothing any more.
+    fn forget(&mut self, topic: &str, partition: i32) {
+        if let Some(r) = self.pooled.as_mut()
+            && let Some(c) = r.parts.remove(&(topic.to_string(), partition))
+        {
+            r.stash_bytes -= c.stash.iter().map(stash_size).sum::<usize>();
+        }
+    }
+
+    /// The read is whole: the consumer (standing at each range's end) goes
+    /// back to the pool for the next batch.
+    fn release(&mut self) {
+        let Some(r) = self.pooled.take() else {
+            return;
+        };
+        ReaderPool(self.pool.0.clone()).put(r, self.pool.1);
+    }
+
     /// Step over offset gaps (transaction markers, aborted records): the
     /// consumer's position moves past them even though no message arrives.
+    /// A partition with kept messages is not stepped: they come first.
     pub(super) fn sync_positions(&mut self) {
         if let Ok(pos) = self.consumer.position() {
             for el in pos.elements() {
+                let key = (el.topic().to_string(), el.partition());
+                if self.pooled.as_ref().is_some_and(|r| r.has_kept(&key)) {
+                    continue;
+                }
                 if let KOffset::Offset(o) = el.offset()
-                    && let Some((p, _)) = self
-                        .remaining
-                        .get_mut(&(el.topic().to_string(), el.partition()))
+                    && let Some((p, _)) = self.remaining.get_mut(&key)
                     && o > *p
                 {
                     *p = o;
