@@ -35,9 +35,9 @@ pub(crate) struct BenchConfig {
     pub(crate) state_groups: u64,
     pub(crate) kafka_bootstrap: Option<String>,
     pub(crate) kafka_messages: u64,
-    /// Where the several-writers workload also puts its tables (an object
-    /// store prefix), besides on local disk.
-    pub(crate) writers_table_prefix: Option<String>,
+    /// An object store prefix where the several-writers workload also puts
+    /// its tables, and the start-up workload a table and checkpoint.
+    pub(crate) object_store_prefix: Option<String>,
     /// `--smoke`: tiny sizes, and no workload that depends on a test
     /// broker's consumer-group coordinator.
     pub(crate) smoke: bool,
@@ -718,7 +718,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         // own process and checkpoint, committing into one table at once.
         let files = (cfg.tiny_batches * 2 / 3).max(4);
         let mut stores = vec![("writers".to_string(), None)];
-        if let Some(prefix) = &cfg.writers_table_prefix {
+        if let Some(prefix) = &cfg.object_store_prefix {
             let run = format!(
                 "{}/run-{}",
                 prefix.trim_end_matches('/'),
@@ -830,7 +830,12 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     // 5. start-up: a one-batch job from exec to exit
     if cfg.wants("startup") {
         let runs = if cfg.smoke { 3 } else { 9 };
-        latency::startup(dir, cfg.kafka_bootstrap.as_deref(), runs)?;
+        latency::startup(
+            dir,
+            cfg.kafka_bootstrap.as_deref(),
+            cfg.object_store_prefix.as_deref(),
+            runs,
+        )?;
     }
 
     // 6. kafka: throughput, then the latency of records produced at a

@@ -208,11 +208,12 @@ enum Command {
         /// Messages in the Kafka workload.
         #[arg(long, default_value_t = 2_000_000)]
         kafka_messages: u64,
-        /// An object-store prefix (e.g. `s3://bucket/bench`) for the
-        /// several-writers workload's tables, besides the local ones;
+        /// An object-store prefix (e.g. `s3://bucket/bench`) where the
+        /// several-writers workload also puts its tables and the start-up
+        /// workload a table and checkpoint, besides the local ones;
         /// credentials and endpoint from the environment (`AWS_*`).
-        #[arg(long)]
-        writers_table_prefix: Option<String>,
+        #[arg(long, alias = "writers-table-prefix")]
+        object_store_prefix: Option<String>,
         /// Produce rates (messages a second) of the Kafka latency workload.
         #[arg(long, value_delimiter = ',', default_values_t = [100u64, 1_000, 20_000])]
         latency_rates: Vec<u64>,
@@ -562,14 +563,14 @@ fn main() -> ExitCode {
                 state_groups,
                 kafka_bootstrap,
                 kafka_messages,
-                writers_table_prefix,
+                object_store_prefix,
                 latency_rates,
                 latency_seconds,
                 only,
                 smoke,
             } => {
                 let cfg = bench::BenchConfig {
-                    writers_table_prefix,
+                    object_store_prefix,
                     latency_rates,
                     latency_seconds,
                     only,

@@ -361,8 +361,15 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
 
 /// Start-up: a one-batch job (one small input, a new checkpoint and a new
 /// table each time) from exec to exit, first commit included; the median
-/// of `runs`. `kafka` is a broker to measure a Kafka source too.
-pub(super) fn startup(dir: &Path, kafka: Option<&str>, runs: usize) -> anyhow::Result<()> {
+/// of `runs`. `kafka` is a broker to measure a Kafka source too; `remote`
+/// an object store prefix to measure the file job with its checkpoint and
+/// table there.
+pub(super) fn startup(
+    dir: &Path,
+    kafka: Option<&str>,
+    remote: Option<&str>,
+    runs: usize,
+) -> anyhow::Result<()> {
     let work = dir.join("startup");
     std::fs::create_dir_all(work.join("events"))?;
     let body: String = (0..10)
@@ -381,7 +388,19 @@ pub(super) fn startup(dir: &Path, kafka: Option<&str>, runs: usize) -> anyhow::R
          CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out-files';
          INSERT INTO out SELECT * FROM events;",
     )?;
-    let mut jobs = vec![("files", "out-files")];
+    let mut jobs = vec![("files", "out-files".to_string(), "ckpt".to_string())];
+    if let Some(prefix) = remote {
+        let base = format!(
+            "{}/startup-{}",
+            prefix.trim_end_matches('/'),
+            std::process::id()
+        );
+        std::fs::write(
+            work.join("s3.sql"),
+            std::fs::read_to_string(work.join("files.sql"))?.replace("'out-files'", "'{TABLE}'"),
+        )?;
+        jobs.push(("s3", base, String::new()));
+    }
     if let Some(bootstrap) = kafka {
         use rdkafka::ClientConfig;
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -420,14 +439,26 @@ pub(super) fn startup(dir: &Path, kafka: Option<&str>, runs: usize) -> anyhow::R
                  INSERT INTO out SELECT * FROM events;"
             ),
         )?;
-        jobs.push(("kafka", "out-kafka"));
+        jobs.push(("kafka", "out-kafka".to_string(), "ckpt".to_string()));
     }
-    for (name, table) in jobs {
+    for (name, table, ckpt) in jobs {
         let mut walls = Vec::new();
-        for _ in 0..runs {
-            let _ = std::fs::remove_dir_all(work.join(table));
-            let _ = std::fs::remove_dir_all(work.join("ckpt"));
-            let r = super::run_job(&work, &format!("{name}.sql"), "ckpt")?;
+        for i in 0..runs {
+            let (job, ckpt) = if ckpt.is_empty() {
+                // On the object store: a new table and checkpoint each run.
+                let job = format!("{name}-{i}.sql");
+                std::fs::write(
+                    work.join(&job),
+                    std::fs::read_to_string(work.join(format!("{name}.sql")))?
+                        .replace("{TABLE}", &format!("{table}/table-{i}")),
+                )?;
+                (job, format!("{table}/ckpt-{i}"))
+            } else {
+                let _ = std::fs::remove_dir_all(work.join(&table));
+                let _ = std::fs::remove_dir_all(work.join(&ckpt));
+                (format!("{name}.sql"), ckpt.clone())
+            };
+            let r = super::run_job(&work, &job, &ckpt)?;
             let rows: u64 = r
                 .progress
                 .iter()
