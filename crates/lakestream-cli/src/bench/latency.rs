@@ -34,6 +34,7 @@ struct Latency {
     rows: usize,
     batches: usize,
     files: usize,
+    files_after_optimize: u64,
     p50: f64,
     p90: f64,
     p99: f64,
@@ -94,6 +95,11 @@ pub(super) fn kafka_latency(
         );
         figure(&format!("{key}.batches"), l.batches, "batches");
         figure(&format!("{key}.table_files"), l.files, "files");
+        figure(
+            &format!("{key}.files_after_optimize"),
+            l.files_after_optimize,
+            "files (after `lakestream table optimize`)",
+        );
         figure(&format!("{key}.p50"), format!("{:.1}", l.p50), "ms");
         figure(&format!("{key}.p90"), format!("{:.1}", l.p90), "ms");
         figure(&format!("{key}.p99"), format!("{:.1}", l.p99), "ms");
@@ -335,6 +341,20 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
     if let Some(missing) = seen.iter().position(|s| !s) {
         bail!("record {missing} is not in the table");
     }
+    // What compaction makes of the many small files of tiny batches.
+    let out = Command::new(std::env::current_exe()?)
+        .args(["table", "optimize", "--json"])
+        .arg(&table)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "lakestream table optimize failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).context("optimize's JSON")?;
+    let files_after_optimize = (files as u64 + m["files_added"].as_u64().unwrap_or(0))
+        .saturating_sub(m["files_removed"].as_u64().unwrap_or(0));
     let mut ack = acks.0.lock().expect("acks").clone();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -346,6 +366,7 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
         rows: lat.len(),
         batches: progress.len(),
         files,
+        files_after_optimize,
         p50: percentile(&lat, 0.5),
         p90: percentile(&lat, 0.9),
         p99: percentile(&lat, 0.99),
