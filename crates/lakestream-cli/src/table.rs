@@ -46,48 +46,58 @@ pub(crate) async fn optimize(
     json_out: bool,
     options: &HashMap<String, String>,
 ) -> anyhow::Result<()> {
+    use backon::{ExponentialBuilder, Retryable};
+
     let target = NonZeroU64::new(target_size).context("--target-size must be above 0")?;
-    let mut last_err = None;
-    for attempt in 1..=OPTIMIZE_ATTEMPTS {
+    let attempt = || async {
         let table = load(url, options).await?;
-        match table.optimize().with_target_size(target).await {
-            Ok((table, m)) => {
-                let version = table.version();
-                print(
-                    json_out,
-                    &json!({
-                        "files_removed": m.num_files_removed,
-                        "files_added": m.num_files_added,
-                        "partitions_optimized": m.partitions_optimized,
-                        "table_version": version,
-                    }),
-                    &format!(
-                        "compacted {} files into {} in {} partitions; table version {}",
-                        m.num_files_removed,
-                        m.num_files_added,
-                        m.partitions_optimized,
-                        version.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
-                    ),
-                );
-                return Ok(());
-            }
-            Err(e) => {
-                // A conflict with a concurrent writer: plan again on the
-                // new version. Anything else is final.
-                let retry = matches!(e, deltalake::DeltaTableError::Transaction { .. });
-                if !retry {
-                    return Err(e).with_context(|| format!("compaction of {url} failed"));
-                }
-                eprintln!(
-                    "lakestream: compaction attempt {attempt} lost a race with another writer: {e}"
-                );
-                last_err = Some(e);
-                tokio::time::sleep(Duration::from_millis(100 * attempt as u64)).await;
-            }
-        }
-    }
-    Err(last_err.expect("at least one attempt"))
-        .with_context(|| format!("compaction of {url} failed {OPTIMIZE_ATTEMPTS} times"))
+        Ok::<_, anyhow::Error>(table.optimize().with_target_size(target).await?)
+    };
+    // A conflict with a concurrent writer: plan again on the new version,
+    // after a short backoff. Anything else is final.
+    let lost_race = |e: &anyhow::Error| {
+        matches!(
+            e.downcast_ref::<deltalake::DeltaTableError>(),
+            Some(deltalake::DeltaTableError::Transaction { .. })
+        )
+    };
+    let (table, m) = attempt
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_times(OPTIMIZE_ATTEMPTS - 1),
+        )
+        .when(lost_race)
+        .notify(|e, _| {
+            eprintln!("lakestream: compaction lost a race with another writer, planning again: {e}")
+        })
+        .await
+        .map_err(|e| {
+            let why = if lost_race(&e) {
+                format!("compaction of {url} failed {OPTIMIZE_ATTEMPTS} times")
+            } else {
+                format!("compaction of {url} failed")
+            };
+            e.context(why)
+        })?;
+    let version = table.version();
+    print(
+        json_out,
+        &json!({
+            "files_removed": m.num_files_removed,
+            "files_added": m.num_files_added,
+            "partitions_optimized": m.partitions_optimized,
+            "table_version": version,
+        }),
+        &format!(
+            "compacted {} files into {} in {} partitions; table version {}",
+            m.num_files_removed,
+            m.num_files_added,
+            m.partitions_optimized,
+            version.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+        ),
+    );
+    Ok(())
 }
 
 /// Delete files no longer referenced by the table and older than

@@ -19,8 +19,9 @@ pub(super) fn next_trigger(previous: Instant, interval: Duration, now: Instant) 
 }
 
 /// Run a source call; while it reports a transient failure (a broker or
-/// store briefly unavailable), wait with backoff, say so, and call again,
-/// for at most the source's [`Source::unavailable_timeout`]; then fail with
+/// store briefly unavailable), wait with backoff (250 ms doubling to 30 s,
+/// [`backon`]), say so, and call again, for at most the source's
+/// [`Source::unavailable_timeout`]; then fail with
 /// [`Error::SourceUnavailable`]. Returns `None` when a stop is requested
 /// while waiting.
 pub(super) async fn retry_transient<T, F, Fut>(
@@ -33,38 +34,66 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = lakestream_source::Result<T>>,
 {
+    use backon::{ExponentialBuilder, Retryable};
+
     let name = source.name();
     let limit = source.unavailable_timeout();
     let started = Instant::now();
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match call().await {
-            Ok(v) => return Ok(Some(v)),
-            Err(e) if e.is_transient() && !*stop.borrow() => {
-                let waited = started.elapsed();
-                if waited >= limit {
-                    return Err(Error::SourceUnavailable {
-                        source_name: name.to_string(),
-                        what: what.to_string(),
-                        waited,
-                        last: Box::new(e),
-                    });
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(250))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times();
+    let stop_seen = stop.clone();
+    // `None`: a stop was requested before the call.
+    let attempt = || {
+        let stopped = *stop_seen.borrow();
+        let call = (!stopped).then(&mut call);
+        async move {
+            match call {
+                Some(c) => c.await.map_err(Some),
+                None => Err(None),
+            }
+        }
+    };
+    let sleeper = stop.clone();
+    let outcome = attempt
+        .retry(backoff)
+        .sleep(move |d| {
+            let mut stop = sleeper.clone();
+            async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(d) => {}
+                    _ = stop.wait_for(|s| *s) => {}
                 }
+            }
+        })
+        .when(|e| e.as_ref().is_some_and(|e| e.is_transient()))
+        // The last wait ends at the limit; past it, no more.
+        .adjust(|_, d| {
+            let left = limit.saturating_sub(started.elapsed());
+            d.map(|d| d.min(left)).filter(|d| !d.is_zero())
+        })
+        .notify(|e, d| {
+            if let Some(e) = e {
                 tracing::warn!(
                     source = name,
                     error = %e,
-                    "{what}: source unavailable; waiting {:?} before trying again (giving up after {:?})",
-                    delay,
-                    limit
+                    "{what}: source unavailable; waiting {d:?} before trying again (giving up after {limit:?})",
                 );
-                wait(stop, delay.min(limit - waited)).await;
-                if *stop.borrow() {
-                    return Ok(None);
-                }
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
-            Err(e) => return Err(e.into()),
-        }
+        })
+        .await;
+    match outcome {
+        Ok(v) => Ok(Some(v)),
+        Err(None) => Ok(None),
+        Err(Some(e)) if e.is_transient() && *stop.borrow() => Ok(None),
+        Err(Some(e)) if e.is_transient() => Err(Error::SourceUnavailable {
+            source_name: name.to_string(),
+            what: what.to_string(),
+            waited: started.elapsed(),
+            last: Box::new(e),
+        }),
+        Err(Some(e)) => Err(e.into()),
     }
 }
 
