@@ -2,9 +2,14 @@
 //! bytes done of the total listed at start, rows/s and time left, redrawn in
 //! place after each batch. Without a terminal the CLI prints one plain line
 //! per batch instead.
+//!
+//! `indicatif` draws the bar (bytes done of the total); the message beside
+//! it, and its time left, are computed here: the rate counts only the bytes
+//! of this run, so a restart halfway does not promise a finish in seconds.
 
-use std::io::Write;
 use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use lakestream_engine::BatchProgress;
 use lakestream_engine::source::Backlog;
@@ -18,16 +23,26 @@ pub(crate) struct Bar {
     /// Bytes done when the first batch of this run finished, and when.
     first: Option<(u64, Instant)>,
     rows: u64,
-    drawn: bool,
+    bar: ProgressBar,
 }
 
 impl Bar {
     pub(crate) fn new() -> Self {
+        Self::with_target(ProgressDrawTarget::stderr())
+    }
+
+    fn with_target(target: ProgressDrawTarget) -> Self {
+        let bar = ProgressBar::with_draw_target(Some(0), target);
+        bar.set_style(
+            ProgressStyle::with_template(&format!("[{{bar:{WIDTH}}}] {{msg}}"))
+                .expect("a valid template")
+                .progress_chars("#."),
+        );
         Self {
             started: Instant::now(),
             first: None,
             rows: 0,
-            drawn: false,
+            bar,
         }
     }
 
@@ -36,23 +51,34 @@ impl Bar {
         self.rows += p.input_rows;
         let now = Instant::now();
         let first = *self.first.get_or_insert((backlog.bytes_done, now));
-        let line = render(
+        self.bar.set_message(render(
             backlog,
             self.rows,
             now - self.started,
             rate(first, (backlog.bytes_done, now)),
-        );
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r\x1b[2K{line}");
-        let _ = err.flush();
-        self.drawn = true;
+        ));
+        let (done, total) = position(backlog);
+        self.bar.set_length(total);
+        self.bar.set_position(done);
     }
 
-    /// End the bar's line so later output starts on a fresh one.
+    /// Leave the bar's last state on screen; later output starts on a
+    /// fresh line.
     pub(crate) fn finish(self) {
-        if self.drawn {
+        self.bar.abandon();
+        if !self.bar.is_hidden() {
             eprintln!();
         }
+    }
+}
+
+/// Where the bar stands: bytes done of the total, or files when the
+/// sizes are unknown.
+fn position(b: Backlog) -> (u64, u64) {
+    if b.bytes_total > 0 {
+        (b.bytes_done.min(b.bytes_total), b.bytes_total)
+    } else {
+        (b.done.min(b.total), b.total.max(1))
     }
 }
 
@@ -62,21 +88,13 @@ fn rate(from: (u64, Instant), to: (u64, Instant)) -> Option<f64> {
     (secs > 0.0 && to.0 > from.0).then(|| (to.0 - from.0) as f64 / secs)
 }
 
-/// One bar line: `[#######.........] 12/30 files  1.2 GiB/3.4 GiB  45.1k rows/s  ETA 1m12s`.
+/// The message beside the bar: `12/30 files  1.2 GiB/3.4 GiB  45.1k rows/s  ETA 1m12s`.
 pub(crate) fn render(
     b: Backlog,
     rows: u64,
     elapsed: Duration,
     bytes_per_sec: Option<f64>,
 ) -> String {
-    let frac = if b.bytes_total > 0 {
-        b.bytes_done as f64 / b.bytes_total as f64
-    } else if b.total > 0 {
-        b.done as f64 / b.total as f64
-    } else {
-        0.0
-    };
-    let filled = ((frac * WIDTH as f64).round() as usize).min(WIDTH);
     let rows_per_sec = rows as f64 / elapsed.as_secs_f64().max(1e-3);
     let eta = match bytes_per_sec {
         _ if b.bytes_done >= b.bytes_total && b.done >= b.total => "done".to_string(),
@@ -87,9 +105,7 @@ pub(crate) fn render(
         _ => "ETA -".to_string(),
     };
     format!(
-        "[{}{}] {}/{} files  {}/{}  {} rows/s  {eta}",
-        "#".repeat(filled),
-        ".".repeat(WIDTH - filled),
+        "{}/{} files  {}/{}  {} rows/s  {eta}",
         b.done,
         b.total,
         bytes(b.bytes_done),
@@ -143,10 +159,37 @@ mod tests {
             bytes_total: 4 << 30,
         };
         let line = render(b, 90_000, Duration::from_secs(2), Some((256 << 20) as f64));
-        assert_eq!(
-            line,
-            "[######..................] 12/30 files  1.0 GiB/4.0 GiB  45.0k rows/s  ETA 12s"
+        assert_eq!(line, "12/30 files  1.0 GiB/4.0 GiB  45.0k rows/s  ETA 12s");
+    }
+
+    #[test]
+    fn the_bar_is_drawn_in_place_with_its_message() {
+        let term = indicatif::InMemoryTerm::new(4, 120);
+        let mut bar = Bar::with_target(ProgressDrawTarget::term_like(Box::new(term.clone())));
+        let p = BatchProgress {
+            input_rows: 1000,
+            ..Default::default()
+        };
+        for done in [1u64, 3] {
+            bar.update(
+                &p,
+                Backlog {
+                    done,
+                    total: 4,
+                    bytes_done: done << 20,
+                    bytes_total: 4 << 20,
+                },
+            );
+            bar.bar.tick();
+        }
+        let shown = term.contents();
+        assert_eq!(shown.lines().count(), 1, "{shown}");
+        assert!(
+            shown.starts_with("[##################......] 3/4 files  3.0 MiB/4.0 MiB  "),
+            "{shown}"
         );
+        assert!(shown.trim_end().ends_with('s'), "{shown}");
+        bar.finish();
     }
 
     #[test]
@@ -166,9 +209,14 @@ mod tests {
         };
         let line = render(early, 10, Duration::from_secs(1), None);
         assert!(line.ends_with("ETA -"), "{line}");
-        assert!(
-            line.starts_with("[########................] 1/3 files"),
-            "{line}"
-        );
+        assert!(line.starts_with("1/3 files"), "{line}");
+        assert_eq!(position(early), (100, 300));
+        let unsized_files = Backlog {
+            done: 1,
+            total: 4,
+            bytes_done: 0,
+            bytes_total: 0,
+        };
+        assert_eq!(position(unsized_files), (1, 4));
     }
 }
