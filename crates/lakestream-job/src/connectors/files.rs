@@ -192,18 +192,18 @@ async fn inferred_schema(
         "schema",
     )
     .await?;
-    let corrupt = || {
+    let corrupt = |reason: String| {
         Error::from(lakestream_checkpoint::Error::Corrupt {
             file: format!(
                 "{}/sources/{}/schema",
                 ctx.checkpoint().trim_end_matches('/'),
                 t.name
             ),
-            reason: format!("not a schema lakestream wrote for the table {}", t.name),
+            reason: format!("{reason} (the stored schema of the table {})", t.name),
         })
     };
     if let Some(v) = stored {
-        return schema_from_json(&v).ok_or_else(corrupt);
+        return schema_from_json(&v).map_err(corrupt);
     }
     let Some(schema) = FileSource::infer_schema(&t.name, &t.location, store_opts, fo).await? else {
         return Err(ctx.error(format!(
@@ -220,38 +220,57 @@ async fn inferred_schema(
         schema_to_json(&schema),
     )
     .await?;
-    schema_from_json(&v).ok_or_else(corrupt)
+    schema_from_json(&v).map_err(corrupt)
 }
+
+/// The format [`schema_to_json`] writes.
+pub const SCHEMA_FORMAT: u64 = 2;
 
 /// A stream's schema as the checkpoint keeps it (`sources/<table>/schema`):
-/// an array of `{name, type, nullable}`.
+/// `{"format": 2, "schema": ...}` with arrow-schema's own serde form of the
+/// schema (every type, nested ones included, and metadata). Format 1, an
+/// array of `{name, type, nullable}` with types as Arrow prints them, is
+/// still read.
 pub fn schema_to_json(schema: &Schema) -> serde_json::Value {
-    serde_json::Value::Array(
-        schema
-            .fields()
-            .iter()
-            .map(|f| {
-                serde_json::json!({
-                    "name": f.name(),
-                    "type": f.data_type().to_string(),
-                    "nullable": f.is_nullable(),
-                })
-            })
-            .collect(),
-    )
+    serde_json::json!({
+        "format": SCHEMA_FORMAT,
+        "schema": serde_json::to_value(schema).expect("a schema serializes"),
+    })
 }
 
-fn schema_from_json(v: &serde_json::Value) -> Option<SchemaRef> {
-    let mut fields = Vec::new();
-    for f in v.as_array()? {
+/// Read what [`schema_to_json`] (or an older version) wrote; the error
+/// says what is wrong with it.
+fn schema_from_json(v: &serde_json::Value) -> std::result::Result<SchemaRef, String> {
+    if let Some(fields) = v.as_array() {
+        return schema_from_format_1(fields).ok_or_else(|| "not a schema lakestream wrote".into());
+    }
+    match v.get("format").and_then(|f| f.as_u64()) {
+        Some(SCHEMA_FORMAT) => v
+            .get("schema")
+            .cloned()
+            .ok_or_else(|| "no schema in it".to_string())
+            .and_then(|s| serde_json::from_value::<Schema>(s).map_err(|e| e.to_string()))
+            .map(Arc::new),
+        Some(n) if n > SCHEMA_FORMAT => Err(format!(
+            "format {n}, written by a newer lakestream (this one reads formats 1 to \
+             {SCHEMA_FORMAT}): run the query with that version"
+        )),
+        _ => Err("not a schema lakestream wrote".into()),
+    }
+}
+
+/// Format 1: `[{name, type, nullable}]`.
+fn schema_from_format_1(fields: &[serde_json::Value]) -> Option<SchemaRef> {
+    let mut out = Vec::new();
+    for f in fields {
         let t: DataType = f.get("type")?.as_str()?.parse().ok()?;
-        fields.push(Field::new(
+        out.push(Field::new(
             f.get("name")?.as_str()?,
             t,
             f.get("nullable")?.as_bool()?,
         ));
     }
-    Some(Arc::new(Schema::new(fields)))
+    Some(Arc::new(Schema::new(out)))
 }
 
 #[cfg(test)]
@@ -270,5 +289,38 @@ mod tests {
         ]);
         let back = schema_from_json(&schema_to_json(&s)).unwrap();
         assert_eq!(back.as_ref(), &s);
+    }
+
+    #[test]
+    fn nested_types_and_metadata_round_trip_and_older_and_newer_formats_are_told_apart() {
+        let s = Schema::new(vec![
+            Field::new(
+                "user",
+                DataType::Struct(
+                    vec![
+                        Field::new("id", DataType::Int64, false),
+                        Field::new_list("tags", Field::new_list_field(DataType::Utf8, true), true),
+                    ]
+                    .into(),
+                ),
+                true,
+            ),
+            Field::new("amount", DataType::Decimal128(12, 2), true),
+        ])
+        .with_metadata([("origin".to_string(), "inferred".to_string())].into());
+        let stored = schema_to_json(&s);
+        assert_eq!(stored["format"], 2);
+        assert_eq!(schema_from_json(&stored).unwrap().as_ref(), &s);
+        // Format 1, as earlier versions wrote it.
+        let v1 = serde_json::json!([
+            {"name": "a", "type": "Int64", "nullable": true},
+            {"name": "ts", "type": "Timestamp(Nanosecond, None)", "nullable": false}
+        ]);
+        let back = schema_from_json(&v1).unwrap();
+        assert_eq!(back.field(1).data_type().to_string(), "Timestamp(ns)");
+        let newer = serde_json::json!({"format": 3, "schema": {}});
+        let e = schema_from_json(&newer).unwrap_err();
+        assert!(e.contains("format 3, written by a newer lakestream"), "{e}");
+        assert!(schema_from_json(&serde_json::json!({"x": 1})).is_err());
     }
 }
