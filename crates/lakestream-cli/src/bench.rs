@@ -22,6 +22,7 @@ use anyhow::{Context, bail};
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
+mod decode;
 mod latency;
 
 /// Sizes of the workloads.
@@ -51,7 +52,8 @@ pub(crate) struct BenchConfig {
 
 /// The workloads `--only` can pick.
 pub(crate) const WORKLOADS: &[&str] = &[
-    "backfill", "state", "update", "tiny", "writers", "history", "startup", "kafka", "latency",
+    "backfill", "decode", "state", "update", "tiny", "writers", "history", "startup", "kafka",
+    "latency",
 ];
 
 impl BenchConfig {
@@ -588,6 +590,16 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
             format!("{:.2}", secs / w_secs),
             "x",
         );
+    }
+
+    // 2a. decoding the same files: the file source against DataFusion's
+    // JSON datasource
+    if cfg.wants("decode") {
+        let events = dir.join("events");
+        if !events.exists() {
+            generate_events(&events, cfg.rows, cfg.files)?;
+        }
+        decode::decode(&events, cfg.rows, if cfg.smoke { 1 } else { 3 })?;
     }
 
     if cfg.wants("state") {

@@ -220,8 +220,8 @@ enum Command {
         /// Seconds the latency workload produces at each rate.
         #[arg(long, default_value_t = 5.0)]
         latency_seconds: f64,
-        /// Run only these workloads (comma-separated): backfill, state,
-        /// update, tiny, writers, history, startup, kafka, latency.
+        /// Run only these workloads (comma-separated): backfill, decode,
+        /// state, update, tiny, writers, history, startup, kafka, latency.
         #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(bench::WORKLOADS))]
         only: Vec<String>,
         /// Tiny sizes: every figure in seconds (a smoke test, not a measure).
