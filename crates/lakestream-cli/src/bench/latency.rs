@@ -160,8 +160,12 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
         ),
     )?;
     let acks = AckTimes::default();
+    // One record per produce request: some brokers (tansu) report a wrong
+    // high watermark after a request of several records, and records past
+    // it stay unread until the next request.
     let producer: BaseProducer<AckTimes> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
+        .set("batch.num.messages", "1")
         .set("linger.ms", "0")
         .set("queue.buffering.max.messages", "1000000")
         .create_with_context(acks.clone())?;
