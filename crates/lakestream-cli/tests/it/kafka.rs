@@ -58,7 +58,7 @@ fn kafka_to_delta_exactly_once_through_sigkills() {
             &broker.bootstrap(),
             "orders",
             "out",
-            "'max_offsets_per_trigger' '60', 'kafka.sasl.password' 'hunter2-do-not-print'",
+            "'max_offsets_per_trigger' '20', 'kafka.sasl.password' 'hunter2-do-not-print'",
         ),
     )
     .unwrap();
@@ -76,7 +76,8 @@ fn kafka_to_delta_exactly_once_through_sigkills() {
             .spawn()
             .unwrap();
         if kills < 6 {
-            let delay = Duration::from_millis(100 + rng.below(700));
+            // Batches take milliseconds: kills land early in a run too.
+            let delay = Duration::from_millis(30 + rng.below(470));
             let start = Instant::now();
             while start.elapsed() < delay && child.try_wait().unwrap().is_none() {
                 std::thread::sleep(Duration::from_millis(5));

@@ -452,8 +452,13 @@ pub struct KafkaSource {
     rejected: crate::Rejects,
     /// Group mode's membership and positions.
     membership: group::GroupSlot,
-    /// Consumers kept between batches (see [`read`]).
-    readers: read::ReaderPool,
+    /// Consumers kept between batches (see [`read`]): live ones for small
+    /// ranges and waits, bulk ones for large ranges.
+    live_readers: read::ReaderPool,
+    bulk_readers: read::ReaderPool,
+    /// A live read got nothing for [`read::LIVE_STALL`] (a broker that
+    /// answers short-wait fetches with nothing): bulk consumers only.
+    live_stalls: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Default)]
@@ -552,7 +557,9 @@ impl KafkaSource {
             skipped: Arc::new(Mutex::new(Vec::new())),
             rejected: Arc::new(Mutex::new(Vec::new())),
             membership: group::GroupSlot::default(),
-            readers: read::ReaderPool::default(),
+            live_readers: read::ReaderPool::default(),
+            bulk_readers: read::ReaderPool::default(),
+            live_stalls: Default::default(),
         })
     }
 
@@ -777,11 +784,32 @@ fn is_transient(e: &KafkaError) -> bool {
     ) || matches!(e, KafkaError::MetadataFetch(_))
 }
 
-/// The default `fetch.wait.max.ms` of the source's consumers: an idle
-/// reader asks again every 10 ms (docs/sql.md, "Reading and latency").
-pub const FETCH_WAIT_MAX_MS: u64 = 10;
+/// `fetch.wait.max.ms` of the consumers that read small ranges and wait
+/// for new records (docs/sql.md, "Reading and latency"): an idle reader
+/// asks again every 10 ms.
+pub const LIVE_FETCH_WAIT_MAX_MS: u64 = 10;
+
+/// A read stream whose ranges hold at most this many offsets is read by a
+/// live consumer; a larger one (a backlog being caught up) by a bulk
+/// consumer with librdkafka's fetch defaults.
+pub const LIVE_RANGE_OFFSETS: i64 = 10_000;
+
+/// Which consumers read a range (see [`LIVE_RANGE_OFFSETS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReaderKind {
+    /// Small ranges and waits for new records: a short fetch wait.
+    Live,
+    /// Large ranges: librdkafka's fetch defaults.
+    Bulk,
+}
 
 fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
+    client_config_for(o, None)
+}
+
+/// The settings of a reading consumer of `kind`, or (`None`) of a client
+/// that does not fetch. The user's `kafka.*` settings come last and win.
+fn client_config_for(o: &KafkaSourceOptions, kind: Option<ReaderKind>) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &o.bootstrap_servers)
         // `assign()` needs some group id; nothing is ever committed under it.
@@ -793,12 +821,14 @@ fn client_config(o: &KafkaSourceOptions) -> ClientConfig {
         // A planned offset that no longer exists must be an error, never a
         // silent jump.
         .set("auto.offset.reset", "error")
-        // A kept reader's fetch waits at most this long for new records:
-        // brokers that hold a fetch for its whole wait even when records
-        // arrive would otherwise delay a record by up to librdkafka's
-        // default 500 ms. `kafka.fetch.wait.max.ms` overrides it.
-        .set("fetch.wait.max.ms", FETCH_WAIT_MAX_MS.to_string())
         .set("client.id", "lakestream");
+    if kind == Some(ReaderKind::Live) {
+        // A kept live reader's fetch waits at most this long for new
+        // records: brokers that hold a fetch for its whole wait even when
+        // records arrive would otherwise delay a record by up to
+        // librdkafka's default 500 ms.
+        c.set("fetch.wait.max.ms", LIVE_FETCH_WAIT_MAX_MS.to_string());
+    }
     for (k, v) in &o.client_config {
         c.set(k, v);
     }
@@ -827,7 +857,8 @@ impl Source for KafkaSource {
         // earlier start) must not cap this run.
         *self.state.lock().expect("kafka state") = KafkaState::default();
         self.membership.forget();
-        self.readers.clear();
+        self.live_readers.clear();
+        self.bulk_readers.clear();
         self.skipped.lock().expect("kafka skipped").clear();
         self.rejected.lock().expect("kafka rejected").clear();
         Ok(())
@@ -1001,8 +1032,13 @@ impl Source for KafkaSource {
             return tokio::time::sleep(max).await;
         }
         let waited = self
-            .readers
-            .wait_for_message(&self.client_config(), &starts, max, self.options.consumers)
+            .live_readers
+            .wait_for_message(
+                &client_config_for(&self.options, Some(ReaderKind::Live)),
+                &starts,
+                max,
+                self.options.consumers,
+            )
             .await;
         if let Err(e) = waited {
             // The next plan reports what is wrong; until then, no busy loop.

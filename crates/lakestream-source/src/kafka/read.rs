@@ -13,6 +13,7 @@
 //! A read that fails or is dropped midway drops its consumer.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rdkafka::message::OwnedMessage;
 
@@ -22,6 +23,10 @@ use super::*;
 /// (over all its partitions): past it, a partition's kept messages are
 /// dropped and the next read of it assigns it afresh.
 pub(super) const MAX_STASH_BYTES: usize = 16 << 20;
+
+/// How long a live reader may get nothing while its ranges are unread
+/// before it falls back to a bulk consumer.
+pub(super) const LIVE_STALL: Duration = Duration::from_secs(2);
 
 /// Where a pooled consumer stands in one partition it is assigned.
 #[derive(Default)]
@@ -213,7 +218,14 @@ impl ReaderPool {
 
 impl KafkaSource {
     pub(super) fn range_stream(&self, ranges: Vec<PartitionRange>) -> BatchStream {
-        let cfg = self.client_config();
+        let offsets: i64 = ranges.iter().map(|r| (r.end - r.start).max(0)).sum();
+        let live_stalls = self.live_stalls.clone();
+        let kind = if offsets <= LIVE_RANGE_OFFSETS && !live_stalls.load(Ordering::Relaxed) {
+            ReaderKind::Live
+        } else {
+            ReaderKind::Bulk
+        };
+        let cfg = client_config_for(&self.options, Some(kind));
         let name = self.name.clone();
         let schema = self.schema.clone();
         let value_schema = self.value_schema.clone();
@@ -227,7 +239,14 @@ impl KafkaSource {
             crate::OnError::Fail => None,
             crate::OnError::DeadLetter => Some(self.rejected.clone()),
         };
-        let pool = self.readers.0.clone();
+        let pool = match kind {
+            ReaderKind::Live => self.live_readers.0.clone(),
+            ReaderKind::Bulk => self.bulk_readers.0.clone(),
+        };
+        let bulk = (
+            client_config_for(&self.options, Some(ReaderKind::Bulk)),
+            self.bulk_readers.0.clone(),
+        );
         let max_pooled = self.options.consumers;
         let fut = async move {
             let starts: Vec<((String, i32), i64)> = ranges
@@ -275,6 +294,7 @@ impl KafkaSource {
                 consumer: reader.consumer.clone(),
                 pooled: Some(reader),
                 pool: (pool, max_pooled),
+                fallback: (kind == ReaderKind::Live).then_some((bulk.0, bulk.1, live_stalls)),
                 remaining,
                 builder,
                 timeout,
@@ -335,6 +355,10 @@ pub(super) struct RangeReader {
     /// The consumer with its cursors, back to the pool when the read ends.
     pooled: Option<PooledReader>,
     pool: (Arc<Mutex<Vec<PooledReader>>>, usize),
+    /// A live reader's way out when it makes no progress for
+    /// [`LIVE_STALL`]: a bulk consumer's settings and pool, and the
+    /// source's flag that sends later reads to bulk consumers.
+    fallback: Option<(ClientConfig, Arc<Mutex<Vec<PooledReader>>>, Arc<AtomicBool>)>,
     /// (topic, partition) -> (next expected offset, end)
     remaining: HashMap<(String, i32), (i64, i64)>,
     builder: RowBuilder,
@@ -396,6 +420,9 @@ impl RangeReader {
                     self.sync_positions();
                     if self.last_bounds_check.elapsed() >= BOUNDS_CHECK_EVERY {
                         self.check_log_bounds().await?;
+                    }
+                    if self.last_progress.elapsed() >= LIVE_STALL {
+                        self.fall_back_to_bulk()?;
                     }
                 }
                 Ok(Err(e))
@@ -589,6 +616,45 @@ impl RangeReader {
             what: format!("{topic}/{partition} offsets {from}..{to}"),
             reason: format!("{why} (fail_on_data_loss = false)"),
         });
+        Ok(())
+    }
+
+    /// A live consumer that got nothing for [`LIVE_STALL`] while its ranges
+    /// are unread: some brokers answer nothing to a fetch whose short wait
+    /// ends before they gather the records. Read the rest with a bulk
+    /// consumer (librdkafka's fetch defaults) at the positions reached, and
+    /// send every later read of the source to bulk consumers.
+    fn fall_back_to_bulk(&mut self) -> Result<()> {
+        let Some((cfg, pool, stalls)) = self.fallback.take() else {
+            return Ok(());
+        };
+        tracing::warn!(
+            source = %self.name,
+            "a short-wait fetch got no records for {LIVE_STALL:?}; reading with librdkafka's \
+             fetch defaults from now on (set 'kafka.fetch.wait.max.ms' to choose)"
+        );
+        stalls.store(true, Ordering::Relaxed);
+        let starts: Vec<((String, i32), i64)> = self
+            .remaining
+            .iter()
+            .map(|(k, (pos, _))| (k.clone(), *pos))
+            .collect();
+        let mut r = PooledReader::new(cfg.create().map_err(|e| create_err(&self.name, e))?);
+        r.assign(&starts).map_err(|e| Error::Kafka {
+            source_name: self.name.clone(),
+            what: "assign partitions".into(),
+            reason: e.to_string(),
+            transient: false,
+        })?;
+        for (k, (_, end)) in &self.remaining {
+            if let Some(c) = r.parts.get_mut(k) {
+                c.next = *end;
+            }
+        }
+        self.consumer = r.consumer.clone();
+        self.pooled = Some(r);
+        self.pool.0 = pool;
+        self.last_progress = Instant::now();
         Ok(())
     }
 
