@@ -139,9 +139,12 @@ fn stash_size(m: &OwnedMessage) -> usize {
     m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len) + 64
 }
 
+/// The kept consumers themselves, shared with the reads that return them.
+type SharedPool = Arc<Mutex<Vec<PooledReader>>>;
+
 /// The consumers kept between reads.
 #[derive(Default)]
-pub(super) struct ReaderPool(Arc<Mutex<Vec<PooledReader>>>);
+pub(super) struct ReaderPool(SharedPool);
 
 impl std::fmt::Debug for ReaderPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -354,11 +357,11 @@ pub(super) struct RangeReader {
     consumer: Arc<StreamConsumer>,
     /// The consumer with its cursors, back to the pool when the read ends.
     pooled: Option<PooledReader>,
-    pool: (Arc<Mutex<Vec<PooledReader>>>, usize),
+    pool: (SharedPool, usize),
     /// A live reader's way out when it makes no progress for
     /// [`LIVE_STALL`]: a bulk consumer's settings and pool, and the
     /// source's flag that sends later reads to bulk consumers.
-    fallback: Option<(ClientConfig, Arc<Mutex<Vec<PooledReader>>>, Arc<AtomicBool>)>,
+    fallback: Option<(ClientConfig, SharedPool, Arc<AtomicBool>)>,
     /// (topic, partition) -> (next expected offset, end)
     remaining: HashMap<(String, i32), (i64, i64)>,
     builder: RowBuilder,
