@@ -428,6 +428,19 @@ fn writers_cost(dir: &Path, files: u64, writers: u64, table: &str) -> anyhow::Re
     })?;
     let wall = start.elapsed();
     let progress: Vec<&serde_json::Value> = reports.iter().flat_map(|r| &r.progress).collect();
+    // The shards cover every file once: as many batches as files, each
+    // with its 10 rows.
+    let rows: u64 = progress
+        .iter()
+        .filter_map(|p| p["input_rows"].as_u64())
+        .sum();
+    if progress.len() as u64 != files || rows != files * 10 {
+        bail!(
+            "{writers} writers committed {} batches of {rows} rows, expected {files} of {}",
+            progress.len(),
+            files * 10
+        );
+    }
     let mut commit_ms: Vec<f64> = progress
         .iter()
         .filter_map(|p| p["durations"]["commit_ms"].as_f64())
