@@ -1044,25 +1044,32 @@ fn raw_one(file: &Path, sink: &mut RawSink<'_>, schema: Arc<Schema>) -> anyhow::
     Ok(())
 }
 
+/// Create `topic` with `partitions` on the broker at `bootstrap`.
+fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
+    use rdkafka::ClientConfig;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    tokio::runtime::Runtime::new()?.block_on(admin.create_topics(
+        &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+        &AdminOptions::new(),
+    ))?;
+    Ok(())
+}
+
 /// The Kafka workloads; `group`: also group mode with one and two
 /// processes.
 fn kafka_bench(dir: &Path, bootstrap: &str, messages: u64, group: bool) -> anyhow::Result<()> {
     use rdkafka::ClientConfig;
     use rdkafka::Message;
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
     let topic = format!("bench-{}", std::process::id());
-    let rt = tokio::runtime::Runtime::new()?;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
-    rt.block_on(admin.create_topics(
-        &[NewTopic::new(&topic, 4, TopicReplication::Fixed(1))],
-        &AdminOptions::new(),
-    ))?;
+    create_topic(bootstrap, &topic, 4)?;
     // One record per produce request: some brokers report watermarks
     // exactly only then.
     let producer: BaseProducer = ClientConfig::new()

@@ -32,6 +32,23 @@ fn schema() -> Arc<Schema> {
     ]))
 }
 
+/// Rows in `streams`, polled at once.
+async fn count_rows<S, E>(streams: Vec<S>) -> anyhow::Result<u64>
+where
+    S: futures::Stream<Item = Result<arrow::array::RecordBatch, E>> + Unpin,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let counts = futures::future::try_join_all(streams.into_iter().map(|mut s| async move {
+        let mut n = 0u64;
+        while let Some(b) = s.next().await {
+            n += b?.num_rows() as u64;
+        }
+        Ok::<_, anyhow::Error>(n)
+    }))
+    .await?;
+    Ok(counts.into_iter().sum())
+}
+
 /// Rows read by lakestream's file source: every file in one range, split
 /// over `partitions` streams polled at once.
 async fn ours(input: &Path, partitions: usize) -> anyhow::Result<u64> {
@@ -53,15 +70,7 @@ async fn ours(input: &Path, partitions: usize) -> anyhow::Result<u64> {
         .await?
         .context("no input to read")?;
     let streams = source.read(start.as_ref(), &end, partitions)?;
-    let counts = futures::future::try_join_all(streams.into_iter().map(|mut s| async move {
-        let mut n = 0u64;
-        while let Some(b) = s.next().await {
-            n += b?.num_rows() as u64;
-        }
-        Ok::<_, anyhow::Error>(n)
-    }))
-    .await?;
-    Ok(counts.into_iter().sum())
+    count_rows(streams).await
 }
 
 /// Rows read by DataFusion's JSON datasource on `partitions` partitions.
@@ -86,15 +95,7 @@ async fn datafusion(input: &Path, partitions: usize) -> anyhow::Result<u64> {
     let streams = (0..plan.output_partitioning().partition_count())
         .map(|i| plan.execute(i, task.clone()))
         .collect::<Result<Vec<_>, _>>()?;
-    let counts = futures::future::try_join_all(streams.into_iter().map(|mut s| async move {
-        let mut n = 0u64;
-        while let Some(b) = s.next().await {
-            n += b?.num_rows() as u64;
-        }
-        Ok::<_, anyhow::Error>(n)
-    }))
-    .await?;
-    Ok(counts.into_iter().sum())
+    count_rows(streams).await
 }
 
 /// Time both readers over `input` (`rows` events), alternating, `runs`

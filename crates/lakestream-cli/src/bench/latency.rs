@@ -134,19 +134,10 @@ pub(super) fn kafka_latency(
 
 fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Result<Latency> {
     use rdkafka::ClientConfig;
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
     let topic = format!("latency-{}-{rate}", std::process::id());
-    let rt = tokio::runtime::Runtime::new()?;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
-    rt.block_on(admin.create_topics(
-        &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
-        &AdminOptions::new(),
-    ))?;
+    super::create_topic(bootstrap, &topic, 1)?;
     let job = format!("latency-{rate}.sql");
     let table = dir.join(format!("out/latency-{rate}"));
     std::fs::write(
@@ -428,17 +419,9 @@ pub(super) fn startup(
     }
     if let Some(bootstrap) = kafka {
         use rdkafka::ClientConfig;
-        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        use rdkafka::client::DefaultClientContext;
         use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
         let topic = format!("startup-{}", std::process::id());
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .create()?;
-        tokio::runtime::Runtime::new()?.block_on(admin.create_topics(
-            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        ))?;
+        super::create_topic(bootstrap, &topic, 1)?;
         // One record per produce request: some brokers report watermarks
         // exactly only then.
         let producer: BaseProducer = ClientConfig::new()
