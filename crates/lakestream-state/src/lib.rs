@@ -783,6 +783,32 @@ impl StateStore {
         Ok(Some((self.to_batch(&keys, &values)?, buckets)))
     }
 
+    /// For each row of `batch` (only its key columns are read), the bucket
+    /// its key is held in, or `None` when it is not held: for a store whose
+    /// rows move between buckets (a key's bucket comes from its value), so
+    /// a key is found wherever it is. Needs an index over every key column
+    /// (see [`Self::with_index`]); without an index every key is `None`.
+    pub fn held_buckets(&self, batch: &RecordBatch) -> Result<Vec<Option<i64>>> {
+        let Some(index) = &self.index else {
+            return Ok(vec![None; batch.num_rows()]);
+        };
+        let prefixes = index.encode(batch).map_err(self.arrow_err())?;
+        let keys = self
+            .key_rows
+            .encode(&batch.columns()[..self.keys], batch.num_rows())
+            .map_err(self.arrow_err())?;
+        Ok(prefixes
+            .iter()
+            .zip(&keys)
+            .map(|(prefix, key)| {
+                index
+                    .map
+                    .get(prefix.as_ref())
+                    .and_then(|held| held.get(key.as_ref()).copied())
+            })
+            .collect())
+    }
+
     /// For each row of `batch` (only its key columns are read), whether the
     /// store holds its key in `buckets[i]`.
     pub fn contains(&self, batch: &RecordBatch, buckets: &[i64]) -> Result<Vec<bool>> {
@@ -1248,6 +1274,28 @@ mod tests {
         assert_eq!(r.rows(), 1);
         assert_eq!(found(&r, &probe), vec![("a".into(), 100, 3, 110)]);
         assert!(found(&r, &rows(&[("b", 0, 0)])).is_empty());
+    }
+
+    /// A store indexed by its whole key finds each key's bucket whatever
+    /// bucket a caller would compute, through eviction and a reload.
+    #[tokio::test]
+    async fn held_buckets_find_a_key_in_whichever_bucket_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || store(dir.path()).with_index(vec![0]).unwrap();
+        let mut s = open();
+        s.load(None).await.unwrap();
+        s.upsert(&batch(&[("a", 1), ("b", 2)]), &[70, 80]).unwrap();
+        let probe = batch(&[("a", 9), ("c", 9), ("b", 9)]);
+        assert_eq!(
+            s.held_buckets(&probe).unwrap(),
+            vec![Some(70), None, Some(80)]
+        );
+        assert_eq!(s.evict_through(75).unwrap().map(|b| b.num_rows()), Some(1));
+        assert_eq!(s.held_buckets(&probe).unwrap(), vec![None, None, Some(80)]);
+        s.commit(0, serde_json::Value::Null).await.unwrap();
+        let mut r = open();
+        r.load(Some(0)).await.unwrap();
+        assert_eq!(r.held_buckets(&probe).unwrap(), vec![None, None, Some(80)]);
     }
 
     #[tokio::test]

@@ -130,8 +130,10 @@ pub(crate) struct StatefulAggregate {
 /// The group key whose value says when a group may be evicted.
 #[derive(Debug, Clone, Copy)]
 struct Evict {
-    /// Its index among the group keys.
+    /// Its column in the state (a group key's index among the keys).
     index: usize,
+    /// What gives each input row's time, for dropping late rows.
+    input: EvictInput,
     /// The unit of its timestamps.
     unit: TimeUnit,
     kind: EvictKind,
@@ -151,6 +153,22 @@ enum EvictKind {
     /// A timestamp, evicted this long after it: a `date_bin` key's stride
     /// (its bin's end), 0 for a deduplicated event time.
     Time(i64),
+    /// A `DISTINCT ON` key's first event time, kept this long (the
+    /// watermark delay) after it, as Spark's deduplication within the
+    /// watermark: a copy whose time is within the delay of the first row's
+    /// is always dropped. A row is late when its own time is at or before
+    /// the watermark.
+    Expire(i64),
+}
+
+/// Where an evicting time comes from in the aggregation's input rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EvictInput {
+    /// The group key of this index.
+    Key(usize),
+    /// The argument of the aggregate of this index (a `DISTINCT ON`'s
+    /// `first_value` of the event-time column).
+    Aggregate(usize),
 }
 
 impl Evict {
@@ -159,7 +177,7 @@ impl Evict {
     fn times(&self, column: &ArrayRef) -> DfResult<arrow::array::PrimitiveArray<Int64Type>> {
         match self.kind {
             EvictKind::Window | EvictKind::Session => window_bounds(column, 1),
-            EvictKind::Time(after) => {
+            EvictKind::Time(after) | EvictKind::Expire(after) => {
                 let times = cast(column, &DataType::Int64)?;
                 Ok(times
                     .as_primitive::<Int64Type>()
@@ -171,18 +189,20 @@ impl Evict {
     /// True when this key is an event-time window (`window`, a sliding or
     /// session window, or `date_bin`) whose groups close.
     fn is_window(&self) -> bool {
-        self.kind != EvictKind::Time(0)
+        !matches!(self.kind, EvictKind::Time(0) | EvictKind::Expire(_))
     }
 
     /// True when a row whose key `column` holds these values is too late
     /// for a batch whose eviction threshold is `threshold`: each row's
     /// window has ended by then, or, for a session, it starts before it.
     fn late(&self, column: &ArrayRef, threshold: Option<i64>) -> DfResult<Vec<Option<bool>>> {
-        let session = self.kind == EvictKind::Session;
-        let (times, strict) = if session {
-            (window_bounds(column, 0)?, true)
-        } else {
-            (self.times(column)?, false)
+        let (times, strict) = match self.kind {
+            EvictKind::Session => (window_bounds(column, 0)?, true),
+            EvictKind::Expire(_) => {
+                let times = cast(column, &DataType::Int64)?;
+                (times.as_primitive::<Int64Type>().clone(), false)
+            }
+            _ => (self.times(column)?, false),
         };
         Ok(times
             .iter()
@@ -372,6 +392,7 @@ impl StatefulAggregate {
         let evict = match &found.window {
             Some((index, _, unit, session)) => Some(Evict {
                 index: *index,
+                input: EvictInput::Key(*index),
                 unit: *unit,
                 kind: if *session {
                     EvictKind::Session
@@ -382,34 +403,45 @@ impl StatefulAggregate {
             // `date_bin(stride, ts)`: a tumbling window named by its start.
             None if !dedup => date_bin_key(&found.group_by).map(|(index, unit, width)| Evict {
                 index,
+                input: EvictInput::Key(index),
                 unit,
                 kind: EvictKind::Time(width),
             }),
             // A deduplication keyed by a stream's event time forgets a key
             // once the watermark passes its time.
-            None if dedup => {
-                found
-                    .group_by
-                    .expr()
-                    .iter()
-                    .enumerate()
-                    .find_map(|(index, (e, _))| {
-                        let c = e.downcast_ref::<Column>()?;
-                        if !event_times.values().any(|et| et.column == c.name()) {
-                            return None;
-                        }
-                        match e.data_type(&found.input_schema).ok()? {
-                            DataType::Timestamp(unit, _) => Some(Evict {
-                                index,
-                                unit,
-                                kind: EvictKind::Time(0),
-                            }),
-                            _ => None,
-                        }
-                    })
-            }
+            None if dedup => found
+                .group_by
+                .expr()
+                .iter()
+                .enumerate()
+                .find_map(|(index, (e, _))| {
+                    let c = e.downcast_ref::<Column>()?;
+                    if !event_times.values().any(|et| et.column == c.name()) {
+                        return None;
+                    }
+                    match e.data_type(&found.input_schema).ok()? {
+                        DataType::Timestamp(unit, _) => Some(Evict {
+                            index,
+                            input: EvictInput::Key(index),
+                            unit,
+                            kind: EvictKind::Time(0),
+                        }),
+                        _ => None,
+                    }
+                })
+                .or_else(|| {
+                    if distinct_on {
+                        distinct_on_expiry(&found, &event_times)
+                    } else {
+                        None
+                    }
+                }),
             None => None,
         };
+        if evict.is_some_and(|e| matches!(e.kind, EvictKind::Expire(_))) {
+            // A key's bucket comes from its first row: found by the key.
+            store = store.with_index((0..keys).collect())?;
+        }
         Ok(Some(Self {
             store: tokio::sync::Mutex::new(store),
             evict,
@@ -536,7 +568,10 @@ impl StatefulAggregate {
             Some(evict) => late_filter(
                 found.raw.clone(),
                 evict,
-                found.group_by.expr()[evict.index].0.clone(),
+                match evict.input {
+                    EvictInput::Key(i) => found.group_by.expr()[i].0.clone(),
+                    EvictInput::Aggregate(j) => found.aggr[j].expressions()[0].clone(),
+                },
                 threshold,
                 dropped.clone(),
                 no_time.clone(),
@@ -571,7 +606,7 @@ impl StatefulAggregate {
                     (vec![all], old)
                 }
                 None => {
-                    let buckets = self.buckets(&new).map_err(df)?;
+                    let buckets = self.buckets(&store, &new, batch_id)?;
                     let old = store.lookup(&new, &buckets)?;
                     (std::iter::once(new).chain(old).collect(), None)
                 }
@@ -588,7 +623,7 @@ impl StatefulAggregate {
                 store.remove_keys(&o, &buckets)?;
             }
             for b in &merged {
-                let buckets = self.buckets(b).map_err(df)?;
+                let buckets = self.buckets(&store, b, batch_id)?;
                 if self.dedup {
                     // Only keys not seen before are new output.
                     let seen = store.contains(b, &buckets)?;
@@ -675,14 +710,59 @@ impl StatefulAggregate {
     }
 
     /// The bucket of each row of `states`: its eviction time (a window's
-    /// end, a deduplicated event time), or `i64::MAX` (never evicted).
-    fn buckets(&self, states: &RecordBatch) -> DfResult<Vec<i64>> {
+    /// end, a deduplicated event time), or `i64::MAX` (never evicted). A
+    /// `DISTINCT ON` key expiring by its first row's time stays in the
+    /// bucket it is held in (a later row's time does not move it).
+    fn buckets(&self, store: &StateStore, states: &RecordBatch, batch_id: u64) -> Result<Vec<i64>> {
         let Some(evict) = self.evict else {
             return Ok(vec![i64::MAX; states.num_rows()]);
         };
-        let times = evict.times(states.column(evict.index))?;
-        Ok(times.iter().map(|e| e.unwrap_or(i64::MAX)).collect())
+        let times = evict
+            .times(states.column(evict.index))
+            .map_err(|e| Error::Execution {
+                batch_id,
+                source: Box::new(e),
+            })?;
+        let mut buckets: Vec<i64> = times.iter().map(|e| e.unwrap_or(i64::MAX)).collect();
+        if matches!(evict.kind, EvictKind::Expire(_)) {
+            for (b, held) in buckets.iter_mut().zip(store.held_buckets(states)?) {
+                if let Some(held) = held {
+                    *b = held;
+                }
+            }
+        }
+        Ok(buckets)
     }
+}
+
+/// How a `DISTINCT ON` whose keys do not hold the event time forgets a
+/// key: by its first row's event time (the `first_value` of a stream's
+/// event-time column, part of the key's state), kept for the watermark
+/// delay after that time. `None` when no column is a stream's event time.
+fn distinct_on_expiry(found: &Found, event_times: &BTreeMap<String, EventTime>) -> Option<Evict> {
+    let mut index = found.group_by.expr().len();
+    for (j, aggr) in found.aggr.iter().enumerate() {
+        let fields = aggr.state_fields().ok()?;
+        let args = aggr.expressions();
+        let column = match args.as_slice() {
+            [arg] if aggr.fun().name() == "first_value" => arg.downcast_ref::<Column>(),
+            _ => None,
+        };
+        let time = column.and_then(|c| event_times.values().find(|et| et.column == c.name()));
+        if let (Some(et), Some(first)) = (time, fields.first())
+            && let DataType::Timestamp(unit, _) = first.data_type()
+        {
+            let delay = i64::try_from(et.delay.as_millis()).unwrap_or(i64::MAX);
+            return Some(Evict {
+                index,
+                input: EvictInput::Aggregate(j),
+                unit: *unit,
+                kind: EvictKind::Expire(window::ms_in(*unit, delay)),
+            });
+        }
+        index += fields.len();
+    }
+    None
 }
 
 /// Field `field` (0: start, 1: end) of each window in `windows`, in the
