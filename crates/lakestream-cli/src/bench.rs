@@ -353,24 +353,55 @@ fn times_after_first(r: &RunReport, expected: u64, what: &str) -> anyhow::Result
     Ok(totals)
 }
 
-/// Update mode: a first batch writes `rows` groups (one per user) into the
-/// table, then `batches` batches each change 100 of them, merged into the
-/// table by key. Returns the median time of those batches (ms).
-fn update_cost(dir: &Path, rows: u64, batches: u64) -> anyhow::Result<f64> {
+/// What [`update_cost`] measured: medians over the changing batches.
+struct UpdateCost {
+    /// Batch time (ms).
+    median_ms: f64,
+    /// Rows each MERGE wrote (the changed groups and the rows copied from
+    /// the files it rewrote).
+    rows_rewritten: f64,
+    /// Table files in the table when the changes began.
+    files: u64,
+}
+
+/// Update mode: first batches write `rows` groups (one per user), `chunk`
+/// consecutive users a batch (so each of the table's files holds one range
+/// of users, as a table appended over time holds one range of times), then
+/// `batches` batches each change 100 of them, merged into the table by key:
+/// spread over the whole key range (`local` false) or 100 consecutive
+/// users (`local`).
+fn update_cost(
+    dir: &Path,
+    rows: u64,
+    chunk: u64,
+    batches: u64,
+    local: bool,
+) -> anyhow::Result<UpdateCost> {
     let input = dir.join("events");
     std::fs::create_dir_all(&input)?;
     let line = |user: u64| format!("{{\"user_id\":{user},\"amount\":1.5}}\n");
-    let mut w = std::io::BufWriter::new(std::fs::File::create(input.join("f000000.json"))?);
-    for u in 0..rows {
-        w.write_all(line(u).as_bytes())?;
+    let chunk = chunk.clamp(1, rows.max(1));
+    let first = rows.div_ceil(chunk);
+    for c in 0..first {
+        let mut w =
+            std::io::BufWriter::new(std::fs::File::create(input.join(format!("f{c:06}.json")))?);
+        for u in c * chunk..((c + 1) * chunk).min(rows) {
+            w.write_all(line(u).as_bytes())?;
+        }
+        w.flush()?;
     }
-    w.flush()?;
     for i in 1..=batches {
-        // 100 keys spread over the whole key range.
-        let body: String = (0..100)
-            .map(|j| line((j * rows / 100 + i * 7) % rows))
-            .collect();
-        std::fs::write(input.join(format!("f{i:06}.json")), body)?;
+        let body: String = if local {
+            // 100 consecutive users somewhere in the table.
+            let start = (i * 7919 * 101) % rows.saturating_sub(100).max(1);
+            (0..100).map(|j| line((start + j) % rows)).collect()
+        } else {
+            // 100 keys spread over the whole key range.
+            (0..100)
+                .map(|j| line((j * rows / 100 + i * 7) % rows))
+                .collect()
+        };
+        std::fs::write(input.join(format!("f{:06}.json", first + i - 1)), body)?;
     }
     std::fs::write(
         dir.join("update.sql"),
@@ -381,9 +412,56 @@ fn update_cost(dir: &Path, rows: u64, batches: u64) -> anyhow::Result<f64> {
          FROM events GROUP BY user_id;",
     )?;
     let r = run_job(dir, "update.sql", "ckpt")?;
-    let mut totals = times_after_first(&r, batches, "update")?;
+    let mut totals: Vec<f64> = r
+        .progress
+        .iter()
+        .skip(first as usize)
+        .filter_map(|p| p["durations"]["total_ms"].as_f64())
+        .collect();
+    if totals.len() as u64 != batches {
+        bail!(
+            "the update workload ran {} batches after its first {first}, expected {batches}",
+            totals.len()
+        );
+    }
     totals.sort_by(f64::total_cmp);
-    Ok(percentile(&totals, 0.5))
+    // What each MERGE wrote, from its commit's operationMetrics; the files
+    // the first batches left, from their adds and removes.
+    let log = dir.join("out/_delta_log");
+    let mut scanned = Vec::new();
+    let mut files = 0u64;
+    let mut version = 0u64;
+    while let Ok(text) = std::fs::read_to_string(log.join(format!("{version:020}.json"))) {
+        version += 1;
+        let actions: Vec<serde_json::Value> = text
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?;
+        let Some(batch) = actions
+            .iter()
+            .find_map(|a| a["commitInfo"]["lakestream"]["batchId"].as_u64())
+        else {
+            continue;
+        };
+        if batch < first {
+            files += actions.iter().filter(|a| a.get("add").is_some()).count() as u64;
+            files =
+                files.saturating_sub(
+                    actions.iter().filter(|a| a.get("remove").is_some()).count() as u64
+                );
+        } else if let Some(n) = actions
+            .iter()
+            .find_map(|a| a["commitInfo"]["operationMetrics"]["num_output_rows"].as_f64())
+        {
+            scanned.push(n);
+        }
+    }
+    scanned.sort_by(f64::total_cmp);
+    Ok(UpdateCost {
+        median_ms: percentile(&totals, 0.5),
+        rows_rewritten: percentile(&scanned, 0.5),
+        files,
+    })
 }
 
 /// What [`writers_cost`] measured.
@@ -663,19 +741,47 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
 
     if cfg.wants("update") {
         // 2d. update mode: 100 changed groups a batch merged into a table of a
-        // tenth of the large state's groups, and of all of them
+        // tenth of the large state's groups, and of all of them, both written
+        // as files of a twentieth of the large one's users (2 and 20 files):
+        // keys spread over the table, then 100 neighbouring keys.
         let small_rows = (cfg.state_groups / 10).max(1);
-        let update_small = update_cost(&dir.join("update-small"), small_rows, 10)?;
-        let update_large = update_cost(&dir.join("update-large"), cfg.state_groups, 10)?;
+        let chunk = (cfg.state_groups / 20).max(100);
         figure("update.small_rows", small_rows, "rows");
-        figure("update.small_median", format!("{:.2}", update_small), "ms");
         figure("update.large_rows", cfg.state_groups, "rows");
-        figure("update.large_median", format!("{:.2}", update_large), "ms");
-        figure(
-            "ratio.update_large_over_small",
-            format!("{:.2}", update_large / update_small),
-            "x",
-        );
+        for (name, local) in [("update", false), ("update_local", true)] {
+            let small = update_cost(
+                &dir.join(format!("{name}-small")),
+                small_rows,
+                chunk,
+                10,
+                local,
+            )?;
+            let large = update_cost(
+                &dir.join(format!("{name}-large")),
+                cfg.state_groups,
+                chunk,
+                10,
+                local,
+            )?;
+            for (size, c) in [("small", &small), ("large", &large)] {
+                figure(
+                    &format!("{name}.{size}_median"),
+                    format!("{:.2}", c.median_ms),
+                    "ms",
+                );
+                figure(
+                    &format!("{name}.{size}_rows_rewritten"),
+                    format!("{:.0}", c.rows_rewritten),
+                    "rows",
+                );
+                figure(&format!("{name}.{size}_files"), c.files, "files");
+            }
+            figure(
+                &format!("ratio.{name}_large_over_small"),
+                format!("{:.2}", large.median_ms / small.median_ms),
+                "x",
+            );
+        }
     }
 
     if cfg.wants("tiny") {

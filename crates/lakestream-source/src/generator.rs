@@ -218,7 +218,11 @@ impl Source for GeneratorSource {
         let start = self.parse(start)?;
         let end = self.parse(Some(end))?;
         let partitions = partitions.max(1) as u64;
-        let per = (end - start).div_ceil(partitions).max(1);
+        // At least an Arrow batch per partition: a tiny batch is one stream
+        // (one output file), not one per core.
+        let per = (end - start)
+            .div_ceil(partitions)
+            .max(self.options.batch_size.max(1) as u64);
         let mut out = Vec::new();
         let mut lo = start;
         while lo < end {
@@ -274,6 +278,14 @@ mod tests {
             rows += b.iter().map(|b| b.num_rows()).sum::<usize>();
         }
         assert_eq!(rows, 10);
+        // Ten rows over eight cores, four per Arrow batch: three streams of
+        // a batch (the last shorter), not eight.
+        assert_eq!(g.read(None, &e0, 8).unwrap().len(), 3);
+        // A range within one Arrow batch is one stream whatever the cores.
+        assert_eq!(
+            g.read(Some(&serde_json::json!(7)), &e0, 2).unwrap().len(),
+            1
+        );
         assert_eq!(generate(&opts, 3, 5), generate(&opts, 3, 5));
         let e1 = g.plan(Some(&e0)).await.unwrap().unwrap();
         let e2 = g.plan(Some(&e1)).await.unwrap().unwrap();

@@ -52,6 +52,9 @@ fn the_benchmark_prints_every_figure() {
         "update.small_median",
         "update.large_median",
         "ratio.update_large_over_small",
+        "update_local.small_median",
+        "update_local.large_median",
+        "ratio.update_local_large_over_small",
         "overhead.median",
         "overhead.p99",
         "overhead.commit",
@@ -84,6 +87,15 @@ fn the_benchmark_prints_every_figure() {
     assert_eq!(figures["state.large_groups"], 20_000.0);
     // The checkpoint keeps the newest 100 batches at most, and 40 here.
     assert_eq!(figures["history.offsets_files_kept"], 40.0);
+    // Update mode, 20,000 groups in 20 files: MERGE rewrites the files that
+    // can hold the batch's keys. Keys spread over the table rewrite all of
+    // it; 100 neighbouring keys, one or two files of 1,000 groups.
+    assert_eq!(figures["update.large_files"], 20.0);
+    assert_eq!(figures["update.large_rows_rewritten"], 20_000.0);
+    assert!(
+        figures["update_local.large_rows_rewritten"] <= 2_000.0,
+        "{out}"
+    );
     // One second at 100 records a second, each in the table once.
     assert_eq!(figures["latency.100.rows"], 100.0);
 

@@ -7,6 +7,10 @@
 //! back as MERGE's source, and removed once the merge has committed: no
 //! commit ever referenced them.
 
+use arrow::array::ArrayRef;
+use datafusion::common::ScalarValue;
+use datafusion::functions_aggregate::min_max::{MaxAccumulator, MinAccumulator};
+use datafusion::logical_expr::Accumulator;
 use datafusion::prelude::{Expr, SessionContext};
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
@@ -91,6 +95,12 @@ impl DeltaSink {
                 table: self.name.clone(),
                 reason: "an upsert needs at least one key column".into(),
             })?;
+        // Every changed key lies within its column's range over the batch:
+        // with those ranges in the predicate, MERGE skips the table's files
+        // whose statistics lie outside them, instead of reading them all.
+        let predicate = key_ranges(&batches, keys)
+            .into_iter()
+            .fold(predicate, |p, range| p.and(range));
         let source = SessionContext::new()
             .read_batches(batches)
             .map_err(|e| write_err(Box::new(e)))?;
@@ -126,4 +136,54 @@ impl DeltaSink {
         }
         Ok(version)
     }
+}
+
+/// `target.k BETWEEN min AND max` for each key column `k` of `batches`
+/// whose values (the batch's changed keys) have a range: ordered types
+/// without NULLs or NaN-prone floats. A key that cannot be ranged adds
+/// nothing (the merge then reads more files, never fewer rows).
+fn key_ranges(batches: &[RecordBatch], keys: &[String]) -> Vec<Expr> {
+    let mut ranges = Vec::new();
+    for k in keys {
+        let Some(Ok(index)) = batches.first().map(|b| b.schema().index_of(k)) else {
+            continue;
+        };
+        let data_type = batches[0].schema().field(index).data_type().clone();
+        let rangeable = data_type.is_integer()
+            || data_type.is_temporal()
+            || matches!(
+                data_type,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Boolean
+            )
+            || matches!(
+                data_type,
+                DataType::Decimal128(..) | DataType::Decimal256(..)
+            );
+        if !rangeable {
+            continue;
+        }
+        let columns: Vec<ArrayRef> = batches.iter().map(|b| b.column(index).clone()).collect();
+        if columns.iter().any(|c| c.null_count() > 0) {
+            continue;
+        }
+        let bound = |mut acc: Box<dyn Accumulator>| -> Option<ScalarValue> {
+            for c in &columns {
+                acc.update_batch(std::slice::from_ref(c)).ok()?;
+            }
+            acc.evaluate().ok().filter(|v| !v.is_null())
+        };
+        let (Some(low), Some(high)) = (
+            MinAccumulator::try_new(&data_type)
+                .ok()
+                .and_then(|a| bound(Box::new(a))),
+            MaxAccumulator::try_new(&data_type)
+                .ok()
+                .and_then(|a| bound(Box::new(a))),
+        ) else {
+            continue;
+        };
+        let target = Expr::Column(datafusion::common::Column::new(Some("target"), k));
+        ranges.push(target.between(Expr::Literal(low, None), Expr::Literal(high, None)));
+    }
+    ranges
 }

@@ -363,3 +363,71 @@ async fn the_fast_append_writes_what_delta_rs_commit_writes() {
     assert_eq!(txn, Some(0));
     assert_eq!(crate::common::count_distinct(&fast, "v").await, (1, 1));
 }
+
+/// An upsert (update mode) reads only the table's files whose key range
+/// holds one of its keys: a table of two files with disjoint ranges, a
+/// batch changing keys of one, one file scanned. A NULL key cannot be
+/// ranged: its upsert scans every file, and still updates rather than
+/// duplicates.
+#[tokio::test]
+async fn an_upsert_reads_only_the_files_its_keys_can_be_in() {
+    use arrow::array::{Int64Array, RecordBatch};
+    let dir = tempfile::tempdir().unwrap();
+    let sink = open(dir.path()).await;
+    let upsert = |id| CommitInfo {
+        write: lakestream::sink::WriteMode::Upsert {
+            keys: vec!["v".into()],
+        },
+        ..info("q", id)
+    };
+    let low: Vec<i64> = (0..100).collect();
+    let high: Vec<i64> = (1000..1100).collect();
+    commit(&sink, "q", 0, &low).await;
+    commit(&sink, "q", 1, &high).await;
+    let staged = stage(&sink, 2, &[1005, 1050, 2000]).await;
+    assert!(matches!(
+        sink.commit(staged, &upsert(2)).await.unwrap(),
+        CommitOutcome::Committed { .. }
+    ));
+    let metrics = |version: u64| {
+        let log = dir.path().join(format!("_delta_log/{version:020}.json"));
+        let text = std::fs::read_to_string(&log).unwrap();
+        let info: serde_json::Value = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|a| a.get("commitInfo").is_some())
+            .unwrap();
+        info["commitInfo"]["operationMetrics"].clone()
+    };
+    let m = metrics(3);
+    assert_eq!(m["num_target_files_scanned"], 1, "{m}");
+    assert_eq!(m["num_target_files_skipped_during_scan"], 1, "{m}");
+    let mut expected: Vec<i64> = low.iter().chain(&high).copied().collect();
+    expected.push(2000);
+    let read = crate::common::read_table(dir.path(), "SELECT v FROM t ORDER BY v").await;
+    assert_eq!(column_values(&read), expected);
+
+    // NULL keys: inserted once, then updated in place.
+    let null_batch = RecordBatch::try_new(
+        batch(0).schema(),
+        vec![std::sync::Arc::new(Int64Array::from(vec![None::<i64>]))],
+    )
+    .unwrap();
+    for id in [3, 4] {
+        let mut w = sink.begin(id).await.unwrap();
+        w.write(null_batch.clone()).await.unwrap();
+        w.write(batch(5)).await.unwrap();
+        let staged = w.finish().await.unwrap();
+        assert!(matches!(
+            sink.commit(staged, &upsert(id)).await.unwrap(),
+            CommitOutcome::Committed { .. }
+        ));
+    }
+    let m = metrics(5);
+    assert_eq!(m["num_target_files_skipped_during_scan"], 0, "{m}");
+    // 201 rows before, one NULL row added once, 5 updated in place.
+    assert_eq!(
+        crate::common::count_distinct(dir.path(), "v").await,
+        (202, 201)
+    );
+}
