@@ -977,7 +977,13 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
                 kafka_bench(dir, bootstrap, cfg.kafka_messages, !cfg.smoke)?;
             }
             if cfg.wants("latency") {
-                latency::kafka_latency(dir, bootstrap, &cfg.latency_rates, cfg.latency_seconds)?;
+                latency::kafka_latency(
+                    dir,
+                    bootstrap,
+                    &cfg.latency_rates,
+                    cfg.latency_seconds,
+                    cfg.object_store_prefix.as_deref(),
+                )?;
             }
         }
         None => figure("kafka.skipped", 1, "(no --kafka-bootstrap)"),

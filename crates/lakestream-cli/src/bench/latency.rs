@@ -8,7 +8,8 @@
 //! `_delta_log` (its modification time) minus its produce time. The split
 //! comes from the progress of the batch that committed the row: how long
 //! the row waited before that batch started, and the batch's own plan,
-//! write-ahead, execute and commit times.
+//! write-ahead, execute and commit times. With the table on an object
+//! store, a row is visible when its batch ended (see [`one_rate`]).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -72,16 +73,27 @@ impl rdkafka::producer::ProducerContext for AckTimes {
 
 /// Run the latency workload at every rate for `seconds` each and print
 /// `latency.<rate>.*` figures.
+/// With `remote` (an object store prefix) each rate runs again with the
+/// checkpoint and the table there (`latency_remote.<rate>.*`).
 pub(super) fn kafka_latency(
     dir: &Path,
     bootstrap: &str,
     rates: &[u64],
     seconds: f64,
+    remote: Option<&str>,
 ) -> anyhow::Result<()> {
-    for &rate in rates {
-        let l = one_rate(dir, bootstrap, rate, seconds)
+    let runs = rates.iter().map(|&r| (r, None)).chain(
+        remote
+            .into_iter()
+            .flat_map(|p| rates.iter().map(move |&r| (r, Some(p)))),
+    );
+    for (rate, remote) in runs {
+        let l = one_rate(dir, bootstrap, rate, seconds, remote)
             .with_context(|| format!("latency at {rate} msg/s"))?;
-        let key = format!("latency.{rate}");
+        let key = match remote {
+            None => format!("latency.{rate}"),
+            Some(_) => format!("latency_remote.{rate}"),
+        };
         figure(&format!("{key}.rows"), l.rows, "rows");
         figure(
             &format!("{key}.produced_rate"),
@@ -132,24 +144,53 @@ pub(super) fn kafka_latency(
     Ok(())
 }
 
-fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Result<Latency> {
+/// One rate: the table and checkpoint on local disk, or under `remote`
+/// (an object store prefix). A local table's rows are read back and each
+/// is visible when its commit file appeared; a remote table's commit
+/// times are not observable to the second, so each record is visible when
+/// the batch whose Kafka range holds its offset ended (its commit had
+/// returned: a bound from above), and the ranges must cover every offset
+/// once.
+fn one_rate(
+    dir: &Path,
+    bootstrap: &str,
+    rate: u64,
+    seconds: f64,
+    remote: Option<&str>,
+) -> anyhow::Result<Latency> {
     use rdkafka::ClientConfig;
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-    let topic = format!("latency-{}-{rate}", std::process::id());
+    let topic = format!(
+        "latency-{}-{rate}{}",
+        std::process::id(),
+        if remote.is_some() { "-remote" } else { "" }
+    );
     super::create_topic(bootstrap, &topic, 1)?;
-    let job = format!("latency-{rate}.sql");
-    let table = dir.join(format!("out/latency-{rate}"));
+    let job = format!("{topic}.sql");
+    let (location, checkpoint) = match remote {
+        None => (
+            format!("out/latency-{rate}"),
+            format!("ckpt/latency-{rate}"),
+        ),
+        Some(prefix) => {
+            let base = format!("{}/{topic}", prefix.trim_end_matches('/'));
+            (format!("{base}/table"), format!("{base}/ckpt"))
+        }
+    };
+    let table = dir.join(&location);
     std::fs::write(
         dir.join(&job),
         format!(
             "CREATE UNBOUNDED EXTERNAL TABLE events (seq BIGINT NOT NULL, produced_ms BIGINT NOT NULL)
              STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}'
              OPTIONS ('starting_offsets' 'earliest');
-             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out/latency-{rate}';
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{location}';
              INSERT INTO out SELECT seq, produced_ms FROM events;"
         ),
     )?;
+    // Each record's produce time, by seq (the record at offset seq + 1).
+    let produced_at = std::sync::Mutex::new(Vec::<f64>::new());
     let acks = AckTimes::default();
     // One record per produce request: some brokers (tansu) report a wrong
     // high watermark after a request of several records, and records past
@@ -161,10 +202,11 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
         .set("queue.buffering.max.messages", "1000000")
         .create_with_context(acks.clone())?;
     let send = |seq: i64| -> anyhow::Result<()> {
-        let body = format!(
-            "{{\"seq\":{seq},\"produced_ms\":{}}}",
-            epoch_ms(SystemTime::now()) as i64
-        );
+        let now = epoch_ms(SystemTime::now()) as i64;
+        if seq >= 0 {
+            produced_at.lock().expect("produce times").push(now as f64);
+        }
+        let body = format!("{{\"seq\":{seq},\"produced_ms\":{now}}}");
         loop {
             let record = BaseRecord::<(), String, Box<Instant>>::with_opaque_to(
                 &topic,
@@ -188,13 +230,7 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
         .current_dir(dir)
-        .args([
-            "run",
-            &job,
-            "--checkpoint",
-            &format!("ckpt/latency-{rate}"),
-            "--progress-json",
-        ])
+        .args(["run", &job, "--checkpoint", &checkpoint, "--progress-json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
@@ -262,72 +298,106 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
     stop(&mut child);
     flushed?;
 
-    // Each commit: when it appeared, and the batch that made it.
-    let by_version: BTreeMap<u64, &serde_json::Value> = progress
-        .iter()
-        .filter_map(|p| Some((p["table_version"].as_u64()?, p)))
-        .collect();
-    let log = table.join("_delta_log");
     let mut seen = vec![false; total as usize];
     let mut lat = Vec::new();
     let mut waits = Vec::new();
     let mut parts: [Vec<f64>; 4] = Default::default();
-    let mut files = 0;
-    for entry in std::fs::read_dir(&log).with_context(|| format!("read {}", log.display()))? {
-        let path = entry?.path();
-        let Some(version) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".json"))
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            continue;
+    // Record `seq` (produced at `produced`) visible at `visible`, written
+    // by the batch of progress `batch`.
+    let mut row = |seq: i64, produced: f64, visible: f64, batch: Option<&serde_json::Value>| {
+        let Ok(i) = usize::try_from(seq) else {
+            return Ok(()); // the warm-up record
         };
-        let visible = epoch_ms(std::fs::metadata(&path)?.modified()?);
-        let batch = by_version.get(&version);
+        if i >= seen.len() || std::mem::replace(&mut seen[i], true) {
+            bail!("record {seq} is in the table twice (or was never sent)");
+        }
         let d = |key: &str| batch.and_then(|b| b["durations"][key].as_f64());
-        for line in std::fs::read_to_string(&path)?.lines() {
-            let action: serde_json::Value = serde_json::from_str(line)?;
-            let Some(file) = action["add"]["path"].as_str() else {
+        lat.push(visible - produced);
+        if let Some(total) = d("total_ms") {
+            waits.push((visible - total - produced).max(0.0));
+        }
+        for (k, key) in ["plan_ms", "write_ahead_ms", "execute_ms", "commit_ms"]
+            .iter()
+            .enumerate()
+        {
+            if let Some(v) = d(key) {
+                parts[k].push(v);
+            }
+        }
+        Ok(())
+    };
+    let mut files = 0;
+    if remote.is_some() {
+        let produced_at = produced_at.into_inner().expect("produce times");
+        let offset = |p: &serde_json::Value, key: &str| {
+            p["sources"][0][key]["partitions"][&topic]["0"]
+                .as_i64()
+                .unwrap_or(0)
+        };
+        for p in &progress {
+            files += p["output_files"].as_u64().unwrap_or(0) as usize;
+            let ended = p["timestamp_ms"].as_f64().unwrap_or(0.0)
+                + p["durations"]["total_ms"].as_f64().unwrap_or(0.0);
+            // Offset 0 is the warm-up record; offset o holds seq o - 1.
+            for o in offset(p, "startOffset")..offset(p, "endOffset") {
+                let seq = o - 1;
+                let produced = usize::try_from(seq)
+                    .ok()
+                    .and_then(|i| produced_at.get(i))
+                    .copied()
+                    .unwrap_or(ended);
+                row(seq, produced, ended, Some(p))?;
+            }
+        }
+    } else {
+        // Each commit: when it appeared, and the batch that made it.
+        let by_version: BTreeMap<u64, &serde_json::Value> = progress
+            .iter()
+            .filter_map(|p| Some((p["table_version"].as_u64()?, p)))
+            .collect();
+        let log = table.join("_delta_log");
+        for entry in std::fs::read_dir(&log).with_context(|| format!("read {}", log.display()))? {
+            let path = entry?.path();
+            let Some(version) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
                 continue;
             };
-            files += 1;
-            let file = table.join(
-                percent_encoding::percent_decode_str(file)
-                    .decode_utf8()
-                    .context("an add path")?
-                    .as_ref(),
-            );
-            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
-                std::fs::File::open(&file).with_context(|| format!("open {}", file.display()))?,
-            )?
-            .build()?;
-            for b in reader {
-                let b = b?;
-                let seq = b
-                    .column_by_name("seq")
-                    .context("a seq column")?
-                    .as_primitive::<Int64Type>();
-                let produced = b
-                    .column_by_name("produced_ms")
-                    .context("a produced_ms column")?
-                    .as_primitive::<Int64Type>();
-                for (s, p) in seq.values().iter().zip(produced.values()) {
-                    let Ok(i) = usize::try_from(*s) else { continue };
-                    if i >= seen.len() || std::mem::replace(&mut seen[i], true) {
-                        bail!("record {s} is in the table twice (or was never sent)");
-                    }
-                    lat.push(visible - *p as f64);
-                    if let Some(total) = d("total_ms") {
-                        waits.push((visible - total - *p as f64).max(0.0));
-                    }
-                    for (k, key) in ["plan_ms", "write_ahead_ms", "execute_ms", "commit_ms"]
-                        .iter()
-                        .enumerate()
-                    {
-                        if let Some(v) = d(key) {
-                            parts[k].push(v);
-                        }
+            let visible = epoch_ms(std::fs::metadata(&path)?.modified()?);
+            let batch = by_version.get(&version).copied();
+            for line in std::fs::read_to_string(&path)?.lines() {
+                let action: serde_json::Value = serde_json::from_str(line)?;
+                let Some(file) = action["add"]["path"].as_str() else {
+                    continue;
+                };
+                files += 1;
+                let file = table.join(
+                    percent_encoding::percent_decode_str(file)
+                        .decode_utf8()
+                        .context("an add path")?
+                        .as_ref(),
+                );
+                let reader =
+                    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                        std::fs::File::open(&file)
+                            .with_context(|| format!("open {}", file.display()))?,
+                    )?
+                    .build()?;
+                for b in reader {
+                    let b = b?;
+                    let seq = b
+                        .column_by_name("seq")
+                        .context("a seq column")?
+                        .as_primitive::<Int64Type>();
+                    let produced = b
+                        .column_by_name("produced_ms")
+                        .context("a produced_ms column")?
+                        .as_primitive::<Int64Type>();
+                    for (s, p) in seq.values().iter().zip(produced.values()) {
+                        row(*s, *p as f64, visible, batch)?;
                     }
                 }
             }
@@ -338,8 +408,8 @@ fn one_rate(dir: &Path, bootstrap: &str, rate: u64, seconds: f64) -> anyhow::Res
     }
     // What compaction makes of the many small files of tiny batches.
     let out = Command::new(std::env::current_exe()?)
-        .args(["table", "optimize", "--json"])
-        .arg(&table)
+        .current_dir(dir)
+        .args(["table", "optimize", "--json", &location])
         .output()?;
     if !out.status.success() {
         bail!(
