@@ -421,7 +421,16 @@ struct KafkaState {
     ids_checked: Option<Instant>,
     /// The high watermarks and the lag behind them at the last plan.
     latest: Option<crate::Latest>,
+    /// The partitions of the source's topics as the broker's metadata last
+    /// listed them, and when: plans within [`PARTITIONS_MAX_AGE`] ask for
+    /// watermarks only, not for metadata too.
+    partitions: Option<(Instant, BTreeMap<String, Vec<i32>>)>,
 }
+
+/// How long a plan trusts the last metadata's partition list: a partition
+/// or topic added to the broker is found within this time. Each plan
+/// still asks the broker for every partition's watermarks.
+const PARTITIONS_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// How often planning compares topic ids with the recorded ones, besides
 /// the first plan of a run and a partition found past its end: a topic

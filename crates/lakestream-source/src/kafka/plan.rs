@@ -157,21 +157,21 @@ pub(super) struct Watermarks {
 /// Watermark requests in flight at once while planning.
 pub(super) const WATERMARK_REQUESTS: usize = 16;
 
-/// The watermarks of every partition of `topics` (only those in `only`,
-/// when given).
-pub(super) fn fetch_watermarks(
+/// The partitions of every topic of `topics` (only those in `only`, when
+/// given), from the brokers' metadata.
+pub(super) fn fetch_partitions(
     consumer: &BaseConsumer,
     topics: &Topics,
     only_partitions: Option<&std::collections::BTreeSet<i32>>,
     timeout: Duration,
-) -> Result<Watermarks, KafkaError> {
+) -> Result<BTreeMap<String, Vec<i32>>, KafkaError> {
     // One named topic: ask for its metadata only.
     let only = match topics {
         Topics::List(list) if list.len() == 1 => Some(list[0].as_str()),
         _ => None,
     };
     let md = consumer.fetch_metadata(only, timeout)?;
-    let mut marks = BTreeMap::new();
+    let mut found = BTreeMap::new();
     for t in md.topics() {
         let wanted = match topics {
             Topics::List(list) => list.iter().any(|n| n == t.name()),
@@ -189,7 +189,29 @@ pub(super) fn fetch_watermarks(
             .map(|p| p.id())
             .filter(|p| only_partitions.is_none_or(|o| o.contains(p)))
             .collect();
-        let name = t.name();
+        found.insert(t.name().to_string(), ids);
+    }
+    if let Topics::List(list) = topics {
+        for n in list {
+            if !found.contains_key(n) {
+                return Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::UnknownTopicOrPartition,
+                ));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The watermarks of every partition in `partitions` (topic → ids).
+pub(super) fn fetch_watermarks(
+    consumer: &BaseConsumer,
+    partitions: &BTreeMap<String, Vec<i32>>,
+    timeout: Duration,
+) -> Result<Watermarks, KafkaError> {
+    let mut marks = BTreeMap::new();
+    for (name, ids) in partitions {
+        let name = name.as_str();
         let mut parts = BTreeMap::new();
         // One request per partition: ask for up to WATERMARK_REQUESTS at
         // once instead of one after another (a topic's partitions cost
@@ -209,16 +231,7 @@ pub(super) fn fetch_watermarks(
                 parts.insert(p, r?);
             }
         }
-        marks.insert(t.name().to_string(), parts);
-    }
-    if let Topics::List(list) = topics {
-        for n in list {
-            if !marks.contains_key(n) {
-                return Err(KafkaError::MetadataFetch(
-                    RDKafkaErrorCode::UnknownTopicOrPartition,
-                ));
-            }
-        }
+        marks.insert(name.to_string(), parts);
     }
     Ok(Watermarks { marks })
 }
@@ -344,15 +357,39 @@ impl KafkaSource {
             self.identity().location,
             self.options.bootstrap_servers
         );
+        let known = match &self.state.lock().expect("kafka state").partitions {
+            Some((at, known)) if at.elapsed() < PARTITIONS_MAX_AGE => Some(known.clone()),
+            _ => None,
+        };
+        let state = self.state.clone();
         tokio::task::spawn_blocking(move || {
-            fetch_watermarks(&consumer, &topics, only.as_ref(), timeout).map_err(|e| Error::Kafka {
+            let partitions = match known {
+                Some(known) => known,
+                None => {
+                    let found = fetch_partitions(&consumer, &topics, only.as_ref(), timeout);
+                    if let Ok(found) = &found {
+                        state.lock().expect("kafka state").partitions =
+                            Some((Instant::now(), found.clone()));
+                    }
+                    found?
+                }
+            };
+            let marks = fetch_watermarks(&consumer, &partitions, timeout);
+            if marks.is_err() {
+                // A topic deleted or its partitions moved: list them again.
+                state.lock().expect("kafka state").partitions = None;
+            }
+            marks
+        })
+        .await
+        .map(|r| {
+            r.map_err(|e| Error::Kafka {
                 source_name: name,
                 what,
                 transient: is_transient(&e),
                 reason: e.to_string(),
             })
         })
-        .await
         .map_err(|e| Error::Kafka {
             source_name: self.name.clone(),
             what: "plan".into(),
