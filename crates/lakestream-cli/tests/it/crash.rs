@@ -98,3 +98,32 @@ fn sigkill_during_a_windowed_aggregation_writes_what_a_run_without_kills_writes(
 fn sigkill_during_an_update_mode_aggregation_merges_what_a_run_without_kills_merges() {
     windowed_sigkill_loop("update");
 }
+
+/// A `DISTINCT ON` with a watermark (each user kept 30 s of event time
+/// after its first row, then forgotten and written again), killed at
+/// random moments and restarted until done, ends with the table a run
+/// without kills writes.
+#[test]
+fn sigkill_during_a_deduplication_within_the_watermark_writes_what_a_clean_run_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    write_timed_events(&input, 40, 50);
+    let job = |table: &str| {
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE events (ts TIMESTAMP, user_id BIGINT, amount BIGINT)\n\
+             STORED AS JSON LOCATION '{}'\n\
+             OPTIONS ('max_files_per_trigger' '1', 'event_time' 'ts', 'watermark_delay' '30 seconds');\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{}';\n\
+             INSERT INTO out SELECT DISTINCT ON (user_id) user_id, ts, amount FROM events\n\
+             ORDER BY user_id, ts, amount;\n",
+            input.display(),
+            dir.join(table).display()
+        )
+    };
+    let (clean, kills) = killed_run_writes_the_clean_table(dir, &job, 8);
+    // 5 users over 13 minutes of event time: each forgotten and written
+    // again many times (kept for good, there would be 5 rows).
+    assert!(clean.len() >= 30, "only {} first rows written", clean.len());
+    assert!(kills >= 3, "only {kills} kills landed");
+}
