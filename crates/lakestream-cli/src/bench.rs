@@ -311,7 +311,7 @@ fn state_cost(dir: &Path, groups: u64, first_rows: u64, tiny: u64) -> anyhow::Re
          FROM events GROUP BY window(ts, '1 day'), user_id;",
     )?;
     let r = run_job(dir, "state.sql", "ckpt")?;
-    let mut totals = times_after_first(&r, tiny, "state")?;
+    let mut totals = times_after(&r, 1, tiny, "state")?;
     let held = r
         .progress
         .last()
@@ -335,18 +335,18 @@ fn state_cost(dir: &Path, groups: u64, first_rows: u64, tiny: u64) -> anyhow::Re
     })
 }
 
-/// The batch times (ms) of run `r` after its first batch, which must be
-/// `expected` batches of the `what` workload.
-fn times_after_first(r: &RunReport, expected: u64, what: &str) -> anyhow::Result<Vec<f64>> {
+/// The batch times (ms) of run `r` after its first `skip` batches, which
+/// must be `expected` batches of the `what` workload.
+fn times_after(r: &RunReport, skip: u64, expected: u64, what: &str) -> anyhow::Result<Vec<f64>> {
     let totals: Vec<f64> = r
         .progress
         .iter()
-        .skip(1)
+        .skip(skip as usize)
         .filter_map(|p| p["durations"]["total_ms"].as_f64())
         .collect();
     if totals.len() as u64 != expected {
         bail!(
-            "the {what} workload ran {} batches after its first, expected {expected}",
+            "the {what} workload ran {} batches after its first {skip}, expected {expected}",
             totals.len()
         );
     }
@@ -412,23 +412,12 @@ fn update_cost(
          FROM events GROUP BY user_id;",
     )?;
     let r = run_job(dir, "update.sql", "ckpt")?;
-    let mut totals: Vec<f64> = r
-        .progress
-        .iter()
-        .skip(first as usize)
-        .filter_map(|p| p["durations"]["total_ms"].as_f64())
-        .collect();
-    if totals.len() as u64 != batches {
-        bail!(
-            "the update workload ran {} batches after its first {first}, expected {batches}",
-            totals.len()
-        );
-    }
+    let mut totals = times_after(&r, first, batches, "update")?;
     totals.sort_by(f64::total_cmp);
     // What each MERGE wrote, from its commit's operationMetrics; the files
     // the first batches left, from their adds and removes.
     let log = dir.join("out/_delta_log");
-    let mut scanned = Vec::new();
+    let mut rewritten = Vec::new();
     let mut files = 0u64;
     let mut version = 0u64;
     while let Ok(text) = std::fs::read_to_string(log.join(format!("{version:020}.json"))) {
@@ -453,13 +442,13 @@ fn update_cost(
             .iter()
             .find_map(|a| a["commitInfo"]["operationMetrics"]["num_output_rows"].as_f64())
         {
-            scanned.push(n);
+            rewritten.push(n);
         }
     }
-    scanned.sort_by(f64::total_cmp);
+    rewritten.sort_by(f64::total_cmp);
     Ok(UpdateCost {
         median_ms: percentile(&totals, 0.5),
-        rows_rewritten: percentile(&scanned, 0.5),
+        rows_rewritten: percentile(&rewritten, 0.5),
         files,
     })
 }

@@ -198,10 +198,15 @@ impl Evict {
     fn late(&self, column: &ArrayRef, threshold: Option<i64>) -> DfResult<Vec<Option<bool>>> {
         let (times, strict) = match self.kind {
             EvictKind::Session => (window_bounds(column, 0)?, true),
-            EvictKind::Expire(_) => {
-                let times = cast(column, &DataType::Int64)?;
-                (times.as_primitive::<Int64Type>().clone(), false)
-            }
+            // Late by the row's own time, not by when its key expires.
+            EvictKind::Expire(_) => (
+                Evict {
+                    kind: EvictKind::Time(0),
+                    ..*self
+                }
+                .times(column)?,
+                false,
+            ),
             _ => (self.times(column)?, false),
         };
         Ok(times
