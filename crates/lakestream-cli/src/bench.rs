@@ -279,10 +279,16 @@ fn snapshot_arrow_bytes(ckpt: &Path) -> anyhow::Result<u64> {
 }
 
 /// Tiny batches (10 rows) against `groups` open groups of a windowed
-/// aggregation (one day-long window, one group per user): the first batch
-/// (`first_rows` rows, at least `groups`) opens them, then `tiny` batches
-/// each update 10.
-fn state_cost(dir: &Path, groups: u64, first_rows: u64, tiny: u64) -> anyhow::Result<StateCost> {
+/// aggregation (one day-long window, one group per user): `opening`
+/// batches of `first_rows / opening` rows each (`first_rows` at least
+/// `groups`) open them, then `tiny` batches each update 10.
+fn state_cost(
+    dir: &Path,
+    groups: u64,
+    first_rows: u64,
+    opening: u64,
+    tiny: u64,
+) -> anyhow::Result<StateCost> {
     let input = dir.join("events");
     std::fs::create_dir_all(&input)?;
     let line = |user: u64, second: u64| {
@@ -292,11 +298,16 @@ fn state_cost(dir: &Path, groups: u64, first_rows: u64, tiny: u64) -> anyhow::Re
             second % 60
         )
     };
-    let mut w = std::io::BufWriter::new(std::fs::File::create(input.join("f000000.json"))?);
-    for i in 0..first_rows.max(groups) {
-        w.write_all(line(i % groups, 0).as_bytes())?;
+    let first_rows = first_rows.max(groups);
+    let opening = opening.clamp(1, first_rows);
+    for b in 0..opening {
+        let name = input.join(format!("a{b:06}.json"));
+        let mut w = std::io::BufWriter::new(std::fs::File::create(name)?);
+        for i in b * first_rows / opening..(b + 1) * first_rows / opening {
+            w.write_all(line(i % groups, 0).as_bytes())?;
+        }
+        w.flush()?;
     }
-    w.flush()?;
     for i in 1..=tiny {
         let body: String = (0..10).map(|j| line((i * 10 + j) % groups, i)).collect();
         std::fs::write(input.join(format!("f{i:06}.json")), body)?;
@@ -311,7 +322,7 @@ fn state_cost(dir: &Path, groups: u64, first_rows: u64, tiny: u64) -> anyhow::Re
          FROM events GROUP BY window(ts, '1 day'), user_id;",
     )?;
     let r = run_job(dir, "state.sql", "ckpt")?;
-    let mut totals = times_after(&r, 1, tiny, "state")?;
+    let mut totals = times_after(&r, opening, tiny, "state")?;
     let held = r
         .progress
         .last()
@@ -683,13 +694,16 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     }
 
     if cfg.wants("state") {
-        // 2c. tiny batches against a large and a small state
+        // 2c. tiny batches against a large and a small state, each opened
+        // by ten batches of a tenth of the rows (as a stream with a cap per
+        // trigger opens them), and again by one batch of all of them.
         let small = (cfg.state_groups / 100).max(1);
-        // Both first batches read the same number of rows, so the runs differ
-        // in their groups only.
+        // Both runs read the same rows, so they differ in their groups only.
         let first = cfg.state_groups;
-        let small_ms = state_cost(&dir.join("state-small"), small, first, 30)?;
-        let large_ms = state_cost(&dir.join("state-large"), cfg.state_groups, first, 30)?;
+        let small_ms = state_cost(&dir.join("state-small"), small, first, 10, 30)?;
+        let large_ms = state_cost(&dir.join("state-large"), cfg.state_groups, first, 10, 30)?;
+        let small_one = state_cost(&dir.join("state-small-one"), small, first, 1, 10)?;
+        let large_one = state_cost(&dir.join("state-large-one"), cfg.state_groups, first, 1, 10)?;
         figure("state.small_groups", small, "groups");
         figure(
             "state.small_median",
@@ -710,6 +724,16 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         figure("state.small_peak_rss", mib(small_ms.peak_rss), "MiB");
         figure("state.large_peak_rss", mib(large_ms.peak_rss), "MiB");
         figure(
+            "state.small_one_batch_peak_rss",
+            mib(small_one.peak_rss),
+            "MiB",
+        );
+        figure(
+            "state.large_one_batch_peak_rss",
+            mib(large_one.peak_rss),
+            "MiB",
+        );
+        figure(
             "ratio.state_large_over_small",
             format!("{:.2}", large_ms.median / small_ms.median),
             "x",
@@ -717,13 +741,23 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         // The memory the large state costs beyond the small run (the same job
         // over as many input rows, into 1% of the groups), per byte of the
         // groups' Arrow size.
-        figure(
-            "ratio.state_rss_over_arrow",
+        let over_arrow = |large: &StateCost, small: &StateCost| {
             format!(
                 "{:.2}",
-                large_ms.peak_rss.saturating_sub(small_ms.peak_rss) as f64
-                    / large_ms.arrow_bytes.max(1) as f64
-            ),
+                large.peak_rss.saturating_sub(small.peak_rss) as f64
+                    / large.arrow_bytes.max(1) as f64
+            )
+        };
+        figure(
+            "ratio.state_rss_over_arrow",
+            over_arrow(&large_ms, &small_ms),
+            "x",
+        );
+        // The same when one batch opens every group: that batch's own
+        // aggregation of a million groups is in the peak.
+        figure(
+            "ratio.state_rss_over_arrow_one_batch",
+            over_arrow(&large_one, &small_one),
             "x",
         );
     }

@@ -123,89 +123,202 @@ pub enum Error {
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A key and its value in one allocation: the key's length (4 bytes,
-/// little-endian), the key, the value. Hashed and compared by its key.
-struct Entry(Box<[u8]>);
+/// An entry's offset in its bucket's arena, in 5 bytes (arenas up to
+/// 1 TiB): a hash slot costs 6 bytes, not 9.
+type Offset = [u8; 5];
 
-impl Entry {
-    fn new(key: &[u8], value: &[u8]) -> Self {
-        let mut b = Vec::with_capacity(4 + key.len() + value.len());
-        b.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        b.extend_from_slice(key);
-        b.extend_from_slice(value);
-        Self(b.into_boxed_slice())
+fn pack(at: usize) -> Offset {
+    assert!(at < 1 << 40, "a state bucket of more than 1 TiB");
+    let b = (at as u64).to_le_bytes();
+    [b[0], b[1], b[2], b[3], b[4]]
+}
+
+fn unpack(o: Offset) -> usize {
+    let mut b = [0u8; 8];
+    b[..5].copy_from_slice(&o);
+    u64::from_le_bytes(b) as usize
+}
+
+/// Append `n` as a LEB128 varint.
+fn put_len(data: &mut Vec<u8>, mut n: usize) {
+    while n >= 0x80 {
+        data.push((n as u8) | 0x80);
+        n >>= 7;
     }
+    data.push(n as u8);
+}
 
-    fn key_len(&self) -> usize {
-        u32::from_le_bytes(self.0[..4].try_into().expect("4 bytes")) as usize
-    }
-
-    fn key(&self) -> &[u8] {
-        &self.0[4..4 + self.key_len()]
-    }
-
-    fn value(&self) -> &[u8] {
-        &self.0[4 + self.key_len()..]
+/// The varint at the start of `d` and its length in bytes.
+fn get_len(d: &[u8]) -> (usize, usize) {
+    let (mut n, mut shift, mut i) = (0usize, 0, 0);
+    loop {
+        let b = d[i];
+        n |= ((b & 0x7f) as usize) << shift;
+        i += 1;
+        if b < 0x80 {
+            return (n, i);
+        }
+        shift += 7;
     }
 }
 
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        self.key() == other.key()
-    }
+/// The key and value of the entry at `at` in an arena, and the entry's
+/// length in bytes.
+fn entry_at(data: &[u8], at: usize) -> (&[u8], &[u8], usize) {
+    let d = &data[at..];
+    let (k, a) = get_len(d);
+    let (v, b) = get_len(&d[a..]);
+    let key = a + b;
+    (&d[key..key + k], &d[key + k..key + k + v], key + k + v)
 }
 
-impl Eq for Entry {}
-
-impl std::hash::Hash for Entry {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.key().hash(state);
-    }
-}
-
-impl std::borrow::Borrow<[u8]> for Entry {
-    fn borrow(&self) -> &[u8] {
-        self.key()
-    }
-}
-
-/// The keys and values of one bucket, one allocation per key (a group of
-/// a million-group state costs its encoded bytes plus one small header
-/// and a hash slot, not two allocations).
+/// The keys and values of one bucket in one arena: each entry (its key's
+/// and value's lengths as varints, the key, the value) back to back in
+/// `data`, and a hash table of their offsets by key. A group costs its
+/// encoded bytes, two bytes of lengths and a 6-byte hash slot, not an
+/// allocation of its own. A value replaced by one of the same length
+/// (every fixed-width aggregate) is overwritten in place; otherwise the
+/// old entry becomes dead bytes, and the arena is compacted once they
+/// outweigh the live ones.
 #[derive(Default)]
-struct Rows(std::collections::HashSet<Entry>);
+struct Rows {
+    data: Vec<u8>,
+    table: hashbrown::HashTable<Offset>,
+    /// Bytes of `data` no live entry uses.
+    dead: usize,
+    hasher: std::hash::RandomState,
+}
 
 impl Rows {
+    fn hash(&self, key: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(key)
+    }
+
+    fn find(&self, key: &[u8]) -> Option<usize> {
+        self.table
+            .find(self.hash(key), |&at| {
+                entry_at(&self.data, unpack(at)).0 == key
+            })
+            .map(|&at| unpack(at))
+    }
+
+    fn append(data: &mut Vec<u8>, key: &[u8], value: &[u8]) -> Offset {
+        let at = pack(data.len());
+        put_len(data, key.len());
+        put_len(data, value.len());
+        data.extend_from_slice(key);
+        data.extend_from_slice(value);
+        at
+    }
+
     /// Set `key`'s value; the replaced value's length, if any.
     fn insert(&mut self, key: &[u8], value: &[u8]) -> Option<usize> {
-        self.0
-            .replace(Entry::new(key, value))
-            .map(|old| old.value().len())
+        let hash = self.hash(key);
+        let data = &mut self.data;
+        match self
+            .table
+            .find_mut(hash, |&at| entry_at(data, unpack(at)).0 == key)
+        {
+            Some(at) => {
+                let (_, old, len) = entry_at(data, unpack(*at));
+                let old = old.len();
+                if old == value.len() {
+                    let end = unpack(*at) + len;
+                    data[end - old..end].copy_from_slice(value);
+                } else {
+                    self.dead += len;
+                    *at = Self::append(data, key, value);
+                    self.compact_if_sparse();
+                }
+                Some(old)
+            }
+            None => {
+                let at = Self::append(data, key, value);
+                let hasher = &self.hasher;
+                self.table.insert_unique(hash, at, |&a| {
+                    use std::hash::BuildHasher;
+                    hasher.hash_one(entry_at(data, unpack(a)).0)
+                });
+                None
+            }
+        }
     }
 
     /// Remove `key`; its value's length, if it was held.
     fn remove(&mut self, key: &[u8]) -> Option<usize> {
-        self.0.take(key).map(|old| old.value().len())
+        let hash = self.hash(key);
+        let data = &self.data;
+        let entry = self
+            .table
+            .find_entry(hash, |&at| entry_at(data, unpack(at)).0 == key)
+            .ok()?;
+        let (at, _) = entry.remove();
+        let (_, old, len) = entry_at(&self.data, unpack(at));
+        let old = old.len();
+        self.dead += len;
+        if self.table.is_empty() {
+            self.data = Vec::new();
+            self.dead = 0;
+        } else {
+            self.compact_if_sparse();
+        }
+        Some(old)
+    }
+
+    /// Copy the live entries into a new arena once dead bytes outweigh
+    /// them (and are worth a copy).
+    fn compact_if_sparse(&mut self) {
+        if self.dead < 64 * 1024 || self.dead * 2 < self.data.len() {
+            return;
+        }
+        let mut data = Vec::with_capacity(self.data.len() - self.dead);
+        for at in self.table.iter_mut() {
+            let from = unpack(*at);
+            let len = entry_at(&self.data, from).2;
+            *at = pack(data.len());
+            data.extend_from_slice(&self.data[from..from + len]);
+        }
+        self.data = data;
+        self.dead = 0;
     }
 
     fn get_key_value(&self, key: &[u8]) -> Option<(&[u8], &[u8])> {
-        self.0.get(key).map(|e| (e.key(), e.value()))
+        self.find(key).map(|at| {
+            let (k, v, _) = entry_at(&self.data, at);
+            (k, v)
+        })
     }
 
     fn get(&self, key: &[u8]) -> Option<&[u8]> {
-        self.0.get(key).map(Entry::value)
+        self.get_key_value(key).map(|(_, v)| v)
     }
 
     fn contains_key(&self, key: &[u8]) -> bool {
-        self.0.contains(key)
+        self.find(key).is_some()
     }
 
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.table.is_empty()
     }
 
     fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.0.iter().map(|e| (e.key(), e.value()))
+        self.table.iter().map(|&at| {
+            let (k, v, _) = entry_at(&self.data, unpack(at));
+            (k, v)
+        })
+    }
+
+    /// Every entry, ordered by key (what a state file holds, so a replay
+    /// writes the same bytes).
+    fn sorted(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let key = |at: Offset| entry_at(&self.data, unpack(at)).0;
+        let mut order: Vec<Offset> = self.table.iter().copied().collect();
+        order.sort_unstable_by(|&a, &b| key(a).cmp(key(b)));
+        order.into_iter().map(move |at| {
+            let (k, v, _) = entry_at(&self.data, unpack(at));
+            (k, v)
+        })
     }
 }
 
@@ -688,20 +801,22 @@ impl StateStore {
         for start in (0..n).step_by(CHUNK) {
             let len = CHUNK.min(n - start);
             self.upsert_slice(&batch.slice(start, len), &buckets[start..start + len])?;
-        }
-        if !self.dirty_all
-            && self.pending.len() > CHUNK
-            && self.pending.len() as u64 * 2 > self.rows
-        {
-            // Most of the state changed: the commit writes it all, and
-            // only removals need tracking.
-            self.dirty_all = true;
-            let held = &self.buckets;
-            self.pending.retain(|(b, k)| {
-                !held
-                    .get(b)
-                    .is_some_and(|rows| rows.contains_key(k.as_ref()))
-            });
+            if !self.dirty_all
+                && self.pending.len() > CHUNK
+                && self.pending.len() as u64 * 2 > self.rows
+            {
+                // Most of the state changed: the commit writes it all, and
+                // only removals need tracking (checked per slice, so a
+                // batch opening a million groups never holds a million
+                // copies of their keys).
+                self.dirty_all = true;
+                let held = &self.buckets;
+                self.pending.retain(|(b, k)| {
+                    !held
+                        .get(b)
+                        .is_some_and(|rows| rows.contains_key(k.as_ref()))
+                });
+            }
         }
         Ok(())
     }
@@ -896,7 +1011,9 @@ impl StateStore {
     /// Make the changes since the last commit the state as of `batch_id`,
     /// durably (a delta file, and a snapshot every few batches), with the
     /// operator's `meta`. Durable when this returns; a replay of the same
-    /// batch overwrites the files with the same content.
+    /// batch overwrites the files with the same content. Files are
+    /// written as they are encoded, a chunk of rows at a time, so a large
+    /// state is never held a second time in memory.
     pub async fn commit(&mut self, batch_id: u64, meta: serde_json::Value) -> Result<()> {
         let mut upserts: Vec<(i64, &[u8], &[u8])> = Vec::new();
         let mut removals: Vec<(i64, &[u8])> = Vec::new();
@@ -907,28 +1024,20 @@ impl StateStore {
                 None => removals.push((*bucket, key)),
             }
         }
-        if self.dirty_all {
-            for (bucket, rows) in &self.buckets {
-                for (k, v) in rows.iter() {
-                    upserts.push((*bucket, k, v));
-                }
-            }
-        }
         // Deterministic files: a replay writes the same bytes.
         upserts.sort_unstable();
         removals.sort_unstable();
-        let delta = self.encode(batch_id, &meta, &upserts, &removals)?;
-        self.write(self.file(batch_id, "delta"), delta).await?;
+        let delta = self.file(batch_id, "delta");
+        if self.dirty_all {
+            self.write_file(delta, batch_id, &meta, self.sorted_rows(), &removals)
+                .await?;
+        } else {
+            self.write_file(delta, batch_id, &meta, upserts.into_iter(), &removals)
+                .await?;
+        }
         if (batch_id + 1).is_multiple_of(self.snapshot_interval) {
-            let mut all: Vec<(i64, &[u8], &[u8])> = Vec::with_capacity(self.rows as usize);
-            for (bucket, rows) in &self.buckets {
-                for (k, v) in rows.iter() {
-                    all.push((*bucket, k, v));
-                }
-            }
-            all.sort_unstable();
-            let snapshot = self.encode(batch_id, &meta, &all, &[])?;
-            self.write(self.file(batch_id, "snapshot"), snapshot)
+            let snapshot = self.file(batch_id, "snapshot");
+            self.write_file(snapshot, batch_id, &meta, self.sorted_rows(), &[])
                 .await?;
         }
         self.pending.clear();
@@ -939,13 +1048,24 @@ impl StateStore {
         Ok(())
     }
 
-    fn encode(
-        &self,
+    /// Every row held with its bucket, ordered by bucket and key.
+    fn sorted_rows(&self) -> impl Iterator<Item = (i64, &[u8], &[u8])> + Send {
+        self.buckets
+            .iter()
+            .flat_map(|(&bucket, rows)| rows.sorted().map(move |(k, v)| (bucket, k, v)))
+    }
+
+    /// Write a state file at `path`: `upserts`, then `removals` (a reader
+    /// applies them in this order), a chunk per Arrow batch, each sent to
+    /// the store as it is encoded; synced when this returns.
+    async fn write_file<'a>(
+        &'a self,
+        path: object_store::path::Path,
         batch_id: u64,
         meta: &serde_json::Value,
-        upserts: &[(i64, &[u8], &[u8])],
+        upserts: impl Iterator<Item = (i64, &'a [u8], &'a [u8])> + Send,
         removals: &[(i64, &[u8])],
-    ) -> Result<Vec<u8>> {
+    ) -> Result<()> {
         let header = serde_json::json!({
             "version": FORMAT_VERSION,
             "operator": self.operator,
@@ -960,9 +1080,16 @@ impl StateStore {
         );
         let mut w = arrow::ipc::writer::FileWriter::try_new(Vec::new(), &schema)
             .map_err(self.arrow_err())?;
-        // Upserts, then removals, a chunk per Arrow batch (a reader applies
-        // them in this order).
-        for chunk in upserts.chunks(CHUNK) {
+        let mut upload = Upload::new(self.location.store().clone(), path.clone());
+        let store_err = |source| lakestream_storage::Error::Store {
+            file: self.url(&path),
+            source,
+        };
+        let mut chunk: Vec<(i64, &[u8], &[u8])> = Vec::with_capacity(CHUNK.min(1024));
+        let mut upserts = upserts.peekable();
+        while upserts.peek().is_some() {
+            chunk.clear();
+            chunk.extend(upserts.by_ref().take(CHUNK));
             let keys: Vec<&[u8]> = chunk.iter().map(|u| u.1).collect();
             let values: Vec<&[u8]> = chunk.iter().map(|u| u.2).collect();
             let mut columns = self.key_rows.decode(&keys).map_err(self.arrow_err())?;
@@ -973,6 +1100,10 @@ impl StateStore {
             columns.push(Arc::new(BooleanArray::from(vec![false; chunk.len()])));
             let batch = RecordBatch::try_new(schema.clone(), columns).map_err(self.arrow_err())?;
             w.write(&batch).map_err(self.arrow_err())?;
+            upload
+                .send(std::mem::take(w.get_mut()))
+                .await
+                .map_err(store_err)?;
         }
         let value_fields = &schema.fields()[self.keys..self.schema.fields().len()];
         for chunk in removals.chunks(CHUNK) {
@@ -992,20 +1123,17 @@ impl StateStore {
             )
             .map_err(self.arrow_err())?;
             w.write(&batch).map_err(self.arrow_err())?;
+            upload
+                .send(std::mem::take(w.get_mut()))
+                .await
+                .map_err(store_err)?;
         }
         w.finish().map_err(self.arrow_err())?;
-        w.into_inner().map_err(self.arrow_err())
-    }
-
-    async fn write(&self, path: object_store::path::Path, bytes: Vec<u8>) -> Result<()> {
-        self.location
-            .store()
-            .put(&path, PutPayload::from(bytes))
+        upload
+            .send(w.into_inner().map_err(self.arrow_err())?)
             .await
-            .map_err(|e| lakestream_storage::Error::Store {
-                file: self.url(&path),
-                source: e,
-            })?;
+            .map_err(store_err)?;
+        upload.finish().await.map_err(store_err)?;
         Ok(self.location.sync(&path).await?)
     }
 
@@ -1039,6 +1167,62 @@ impl StateStore {
             }
         }
         Ok(removed)
+    }
+}
+
+/// Bytes of a state file sent to the store in one request: a smaller file
+/// is one `put`, a larger one a multipart upload of parts this size (at
+/// least the 5 MiB S3 asks of a part).
+const PART: usize = 5 << 20;
+
+/// One file written to a store as its bytes come: buffered up to [`PART`]
+/// and then one `put`, or a multipart upload with one part in flight, so a file's bytes are never all in memory at once. The file
+/// appears whole or not at all.
+struct Upload {
+    store: Arc<dyn object_store::ObjectStore>,
+    path: object_store::path::Path,
+    buffer: Vec<u8>,
+    multipart: Option<object_store::WriteMultipart>,
+}
+
+impl Upload {
+    fn new(store: Arc<dyn object_store::ObjectStore>, path: object_store::path::Path) -> Self {
+        Self {
+            store,
+            path,
+            buffer: Vec::new(),
+            multipart: None,
+        }
+    }
+
+    /// Add `bytes` to the file.
+    async fn send(&mut self, bytes: Vec<u8>) -> object_store::Result<()> {
+        if self.multipart.is_none() && self.buffer.len() + bytes.len() <= PART {
+            self.buffer.extend_from_slice(&bytes);
+            return Ok(());
+        }
+        if self.multipart.is_none() {
+            let upload = self.store.put_multipart(&self.path).await?;
+            let mut m = object_store::WriteMultipart::new_with_chunk_size(upload, PART);
+            m.put(std::mem::take(&mut self.buffer).into());
+            self.multipart = Some(m);
+        }
+        let m = self.multipart.as_mut().expect("set above");
+        m.wait_for_capacity(1).await?;
+        m.put(bytes.into());
+        Ok(())
+    }
+
+    /// Make the file whole in the store.
+    async fn finish(self) -> object_store::Result<()> {
+        match self.multipart {
+            None => self
+                .store
+                .put(&self.path, PutPayload::from(self.buffer))
+                .await
+                .map(|_| ()),
+            Some(m) => m.finish().await.map(|_| ()),
+        }
     }
 }
 
@@ -1408,6 +1592,80 @@ mod tests {
         assert_eq!(
             pairs(again.lookup(&batch(&[("k1", 0)]), &[2]).unwrap()),
             vec![("k1".into(), 7)]
+        );
+    }
+
+    #[test]
+    fn a_bucket_keeps_its_entries_through_longer_values_removals_and_compaction() {
+        let mut rows = Rows::default();
+        let key = |i: u32| format!("key-{i:05}").into_bytes();
+        for i in 0..10_000u32 {
+            assert_eq!(rows.insert(&key(i), &[1; 10]), None);
+        }
+        // Same length: in place, no dead bytes.
+        assert_eq!(rows.insert(&key(7), &[2; 10]), Some(10));
+        assert_eq!(rows.dead, 0);
+        let full = rows.data.len();
+        // Longer values move every entry; the arena is compacted on the way.
+        for i in 0..10_000u32 {
+            assert_eq!(rows.insert(&key(i), &[3; 20]), Some(10));
+        }
+        // Dead bytes stay below the live ones.
+        let live = 10_000 * (2 + 9 + 20);
+        assert_eq!(rows.data.len() - rows.dead, live);
+        assert!(rows.data.len() <= 2 * live, "{} bytes", rows.data.len());
+        assert!(rows.data.len() > full);
+        for i in (0..10_000u32).step_by(2) {
+            assert_eq!(rows.remove(&key(i)), Some(20));
+        }
+        assert_eq!(rows.remove(&key(0)), None);
+        // Removing half compacted the arena.
+        let live = 5_000 * (2 + 9 + 20);
+        assert_eq!(rows.data.len() - rows.dead, live);
+        assert!(rows.data.len() < 2 * live, "{}", rows.data.len());
+        for i in 0..10_000u32 {
+            let want = (i % 2 == 1).then_some(&[3u8; 20][..]);
+            assert_eq!(rows.get(&key(i)), want, "key {i}");
+        }
+        let sorted: Vec<Vec<u8>> = rows.sorted().map(|(k, _)| k.to_vec()).collect();
+        let expected: Vec<Vec<u8>> = (0..10_000u32).filter(|i| i % 2 == 1).map(key).collect();
+        assert_eq!(sorted, expected);
+        // Lengths past one varint byte, offsets past 4 GiB.
+        let long = vec![9u8; 300];
+        assert_eq!(rows.insert(b"long", &long), None);
+        assert_eq!(rows.get(b"long"), Some(&long[..]));
+        assert_eq!(rows.remove(b"long"), Some(300));
+        assert_eq!(unpack(pack((1 << 39) + 5)), (1 << 39) + 5);
+        for i in (1..10_000u32).step_by(2) {
+            rows.remove(&key(i));
+        }
+        assert!(rows.is_empty());
+        assert!(rows.data.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_state_file_larger_than_a_part_is_uploaded_in_parts_and_loads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path()).with_snapshot_interval(1);
+        s.load(None).await.unwrap();
+        let n = 200_000i64;
+        let names: Vec<String> = (0..n).map(|i| format!("a-long-key-{i:040}")).collect();
+        let rows: Vec<(&str, i64)> = names.iter().map(String::as_str).zip(0..n).collect();
+        s.upsert(&batch(&rows), &vec![1; n as usize]).unwrap();
+        s.commit(0, serde_json::json!({"m": 1})).await.unwrap();
+        let snapshot = dir.path().join("state/agg/0.snapshot.arrow");
+        let size = std::fs::metadata(&snapshot).unwrap().len();
+        assert!(size > PART as u64, "{size} bytes");
+
+        let mut r = store(dir.path());
+        r.load(Some(0)).await.unwrap();
+        assert_eq!(r.rows(), n as u64);
+        assert_eq!(r.bytes(), s.bytes());
+        assert_eq!(r.meta(), &serde_json::json!({"m": 1}));
+        let probe = batch(&[(names[0].as_str(), 0), (names[199_999].as_str(), 0)]);
+        assert_eq!(
+            pairs(r.lookup(&probe, &[1, 1]).unwrap()),
+            vec![(names[0].clone(), 0), (names[199_999].clone(), 199_999)]
         );
     }
 

@@ -48,6 +48,7 @@ fn the_benchmark_prints_every_figure() {
         "state.large_bytes",
         "state.large_arrow_bytes",
         "state.large_peak_rss",
+        "state.large_one_batch_peak_rss",
         "ratio.state_large_over_small",
         "update.small_median",
         "update.large_median",

@@ -627,21 +627,24 @@ impl StatefulAggregate {
             if let Some((o, buckets)) = replaced {
                 store.remove_keys(&o, &buckets)?;
             }
-            for b in &merged {
-                let buckets = self.buckets(&store, b, batch_id)?;
+            // Each merged batch is dropped once upserted: a batch opening
+            // many groups holds them once in Arrow form, not again until
+            // the commit (append and complete modes keep nothing).
+            for b in merged {
+                let buckets = self.buckets(&store, &b, batch_id)?;
                 if self.dedup {
                     // Only keys not seen before are new output.
-                    let seen = store.contains(b, &buckets)?;
+                    let seen = store.contains(&b, &buckets)?;
                     let fresh: BooleanArray = seen.iter().map(|s| Some(!s)).collect();
-                    let fresh = filter_record_batch(b, &fresh).map_err(|e| df(e.into()))?;
+                    let fresh = filter_record_batch(&b, &fresh).map_err(|e| df(e.into()))?;
                     if fresh.num_rows() > 0 {
                         changed.push(fresh);
                     }
-                } else {
+                } else if self.mode == OutputMode::Update {
                     changed.push(b.clone());
                 }
                 progress.rows_updated += b.num_rows() as u64;
-                store.upsert(b, &buckets)?;
+                store.upsert(&b, &buckets)?;
             }
         }
         let finished = if self.dedup || self.mode == OutputMode::Update {

@@ -11,4 +11,5 @@ mod sink;
 mod slt;
 mod snapshots;
 mod source_suite;
+mod state;
 mod store_faults;
