@@ -242,6 +242,9 @@ struct StateCost {
     median: f64,
     /// Their p90 (ms).
     p90: f64,
+    /// The slowest of them (ms): every tenth batch is due a snapshot of
+    /// the whole state, which is written off the batch path.
+    max: f64,
     /// The state's bytes as the store counts them (its row encoding).
     bytes: u64,
     /// The run's peak resident memory.
@@ -340,6 +343,7 @@ fn state_cost(
     Ok(StateCost {
         median: percentile(&totals, 0.5),
         p90: percentile(&totals, 0.9),
+        max: totals.last().copied().unwrap_or_default(),
         bytes,
         peak_rss: r.peak_rss,
         arrow_bytes: snapshot_arrow_bytes(&dir.join("ckpt"))?,
@@ -718,6 +722,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
             "ms",
         );
         figure("state.large_p90", format!("{:.2}", large_ms.p90), "ms");
+        figure("state.large_max", format!("{:.2}", large_ms.max), "ms");
         let mib = |b: u64| format!("{:.1}", b as f64 / (1 << 20) as f64);
         figure("state.large_bytes", mib(large_ms.bytes), "MiB");
         figure("state.large_arrow_bytes", mib(large_ms.arrow_bytes), "MiB");

@@ -14,7 +14,16 @@
 //!   gaps and each carries the operator's metadata (the event times seen);
 //! - `<N>.snapshot.arrow`: the whole state after batch N, every
 //!   [`SNAPSHOT_INTERVAL`] batches, so a restart reads one snapshot and the
-//!   deltas after it rather than the query's whole history.
+//!   deltas after it rather than the query's whole history. It is built in
+//!   the background from the files alone (the previous snapshot and the
+//!   deltas since, merged in key order a batch at a time), so no batch pays
+//!   for the size of the state; a restart writes one that was due and is
+//!   missing.
+//!
+//! In memory, each bucket keeps its keys and values (arrow-row encoded) in
+//! one arena with a hash table of offsets; files are read and written an
+//! Arrow batch at a time, so neither a load nor a commit holds a second
+//! copy of a large state.
 //!
 //! Both are Arrow IPC files of the state's columns plus
 //! `__lakestream_bucket` (Int64) and `__lakestream_removed` (Boolean); the
@@ -23,6 +32,8 @@
 //! columns differ from the running query's is refused: the query changed
 //! in a way its state cannot follow.
 
+mod files;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -30,9 +41,10 @@ use arrow::array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, new_null_arr
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::row::{RowConverter, SortField};
-use futures::TryStreamExt;
 use lakestream_storage::Location;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::ObjectStoreExt;
+
+use files::{FileOut, Files};
 
 /// The version of the state file format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -108,6 +120,16 @@ pub enum Error {
         column: String,
         /// Its type.
         data_type: DataType,
+    },
+    /// A background snapshot task could not be joined (it panicked).
+    #[error(
+        "operator {operator}: the background state snapshot failed: {reason}; please report this"
+    )]
+    Background {
+        /// The operator.
+        operator: String,
+        /// What happened.
+        reason: String,
     },
     /// Arrow failed on rows the store built (a bug).
     #[error("operator {operator}: {source}; please report this")]
@@ -417,6 +439,9 @@ pub struct StateStore {
     /// held as an upsert, and `pending` tracks removals only (a copy of
     /// every changed key would double the keys' memory).
     dirty_all: bool,
+    files: Files,
+    /// The snapshot being written in the background, if any.
+    snapshot: Option<tokio::task::JoinHandle<Result<()>>>,
 }
 
 impl std::fmt::Debug for StateStore {
@@ -464,6 +489,12 @@ impl StateStore {
             [] => Values(None),
             v => Values(Some(RowConverter::new(sort_fields(v)?).map_err(arrow_err)?)),
         };
+        let files = Files {
+            location: location.clone(),
+            operator: operator.to_string(),
+            schema: schema.clone(),
+            keys,
+        };
         Ok(Self {
             location,
             operator: operator.to_string(),
@@ -481,6 +512,8 @@ impl StateStore {
             snapshot_interval: SNAPSHOT_INTERVAL,
             index: None,
             dirty_all: false,
+            files,
+            snapshot: None,
         })
     }
 
@@ -553,12 +586,11 @@ impl StateStore {
     }
 
     fn file(&self, batch_id: u64, kind: &str) -> object_store::path::Path {
-        self.location
-            .child(&format!("state/{}/{batch_id}.{kind}.arrow", self.operator))
+        self.files.path(batch_id, kind)
     }
 
     fn url(&self, path: &object_store::path::Path) -> String {
-        self.location.url_of(path)
+        self.files.url(path)
     }
 
     fn arrow_err(&self) -> impl Fn(ArrowError) -> Error + '_ {
@@ -609,6 +641,14 @@ impl StateStore {
                 }
                 self.apply_file(id, "delta").await?;
             }
+            // A snapshot that was due and is missing (its process stopped
+            // while writing it) is written now.
+            let due = (v + 1) / self.snapshot_interval * self.snapshot_interval;
+            if let Some(due) = due.checked_sub(1)
+                && base.is_none_or(|b| b < due)
+            {
+                self.start_snapshot(due);
+            }
         }
         self.pending.clear();
         self.version = version;
@@ -616,91 +656,22 @@ impl StateStore {
         Ok(())
     }
 
-    /// The batch ids of the snapshots and deltas kept, ascending.
     async fn list(&self) -> Result<(Vec<u64>, Vec<u64>)> {
-        let dir = self.location.child(&format!("state/{}", self.operator));
-        let metas: Vec<_> = match self.location.store().list(Some(&dir)).try_collect().await {
-            Ok(m) => m,
-            Err(object_store::Error::NotFound { .. }) => Vec::new(),
-            Err(e) => {
-                return Err(lakestream_storage::Error::Store {
-                    file: self.url(&dir),
-                    source: e,
-                }
-                .into());
-            }
-        };
-        let (mut snapshots, mut deltas) = (Vec::new(), Vec::new());
-        for m in metas {
-            let Some(name) = m.location.filename() else {
-                continue;
-            };
-            let mut parts = name.splitn(3, '.');
-            let (Some(id), Some(kind), Some("arrow")) = (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let Ok(id) = id.parse::<u64>() else { continue };
-            match kind {
-                "snapshot" => snapshots.push(id),
-                "delta" => deltas.push(id),
-                _ => {}
-            }
-        }
-        snapshots.sort_unstable();
-        deltas.sort_unstable();
-        Ok((snapshots, deltas))
+        self.files.list().await
     }
 
+    /// Apply the `kind` file of `batch_id` to the state in memory, an
+    /// Arrow batch at a time.
     async fn apply_file(&mut self, batch_id: u64, kind: &str) -> Result<()> {
-        let path = self.file(batch_id, kind);
-        let file = self.url(&path);
-        let Some(bytes) = self.location.read(&path).await? else {
-            return Err(Error::Missing {
-                operator: self.operator.clone(),
-                batch_id,
-                file,
-            });
-        };
+        let mut file = self.files.open(batch_id, kind).await?;
+        let url = file.url.clone();
         let corrupt = |reason: String| Error::Corrupt {
-            file: file.clone(),
+            file: url.clone(),
             reason,
         };
-        let reader = arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)
-            .map_err(|e| corrupt(e.to_string()))?;
-        let schema = reader.schema();
-        let header: serde_json::Value = schema
-            .metadata()
-            .get(META)
-            .and_then(|m| serde_json::from_str(m).ok())
-            .ok_or_else(|| corrupt(format!("no {META} metadata")))?;
-        match header.get("version").and_then(|v| v.as_u64()) {
-            Some(v) if v == u64::from(FORMAT_VERSION) => {}
-            other => {
-                return Err(corrupt(format!(
-                    "format version {other:?}, this build reads {FORMAT_VERSION}"
-                )));
-            }
-        }
-        let expected = self.file_schema();
-        let same = schema.fields().len() == expected.fields().len()
-            && schema
-                .fields()
-                .iter()
-                .zip(expected.fields())
-                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
-        if !same {
-            return Err(Error::Changed {
-                operator: self.operator.clone(),
-                file,
-                found: describe(&schema),
-                expected: describe(&expected),
-            });
-        }
-        self.meta = header.get("meta").cloned().unwrap_or_default();
+        self.meta = file.header.get("meta").cloned().unwrap_or_default();
         let n = self.schema.fields().len();
-        for batch in reader {
-            let batch = batch.map_err(|e| corrupt(e.to_string()))?;
+        while let Some(batch) = file.next_batch().await? {
             let buckets = batch
                 .column(n)
                 .as_any()
@@ -996,24 +967,18 @@ impl StateStore {
         .map_err(self.arrow_err())
     }
 
-    fn file_schema(&self) -> Schema {
-        let mut fields: Vec<Field> = self
-            .schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect();
-        fields.push(Field::new(BUCKET, DataType::Int64, false));
-        fields.push(Field::new(REMOVED, DataType::Boolean, false));
-        Schema::new(fields)
-    }
-
     /// Make the changes since the last commit the state as of `batch_id`,
-    /// durably (a delta file, and a snapshot every few batches), with the
-    /// operator's `meta`. Durable when this returns; a replay of the same
-    /// batch overwrites the files with the same content. Files are
-    /// written as they are encoded, a chunk of rows at a time, so a large
-    /// state is never held a second time in memory.
+    /// durably (a delta file), with the operator's `meta`. Durable when
+    /// this returns; a replay of the same batch overwrites the file with
+    /// the same content. The file is written as it is encoded, a chunk of
+    /// rows at a time, so a large change is never held twice in memory.
+    ///
+    /// Every few batches a snapshot of the state as of `batch_id` is then
+    /// started in the background, built from the files alone (the newest
+    /// snapshot and the deltas after it), so the batch costs what it
+    /// changed, not the size of the state; a snapshot still being written
+    /// when the next is due makes that one skipped, and a failed one only
+    /// makes a restart read more deltas.
     pub async fn commit(&mut self, batch_id: u64, meta: serde_json::Value) -> Result<()> {
         let mut upserts: Vec<(i64, &[u8], &[u8])> = Vec::new();
         let mut removals: Vec<(i64, &[u8])> = Vec::new();
@@ -1027,17 +992,11 @@ impl StateStore {
         // Deterministic files: a replay writes the same bytes.
         upserts.sort_unstable();
         removals.sort_unstable();
-        let delta = self.file(batch_id, "delta");
         if self.dirty_all {
-            self.write_file(delta, batch_id, &meta, self.sorted_rows(), &removals)
+            self.write_delta(batch_id, &meta, self.sorted_rows(), &removals)
                 .await?;
         } else {
-            self.write_file(delta, batch_id, &meta, upserts.into_iter(), &removals)
-                .await?;
-        }
-        if (batch_id + 1).is_multiple_of(self.snapshot_interval) {
-            let snapshot = self.file(batch_id, "snapshot");
-            self.write_file(snapshot, batch_id, &meta, self.sorted_rows(), &[])
+            self.write_delta(batch_id, &meta, upserts.into_iter(), &removals)
                 .await?;
         }
         self.pending.clear();
@@ -1045,7 +1004,47 @@ impl StateStore {
         self.version = Some(batch_id);
         self.meta = meta;
         self.loaded = true;
+        if (batch_id + 1).is_multiple_of(self.snapshot_interval) {
+            self.start_snapshot(batch_id);
+        }
         Ok(())
+    }
+
+    /// Start writing the snapshot of `batch_id` in the background, unless
+    /// one is being written.
+    fn start_snapshot(&mut self, batch_id: u64) {
+        if let Some(task) = &self.snapshot {
+            if !task.is_finished() {
+                tracing::debug!(
+                    operator = %self.operator,
+                    batch_id,
+                    "the previous state snapshot is still being written; this one is skipped"
+                );
+                return;
+            }
+            let task = self.snapshot.take().expect("checked above");
+            if let Some(Ok(Err(e))) = futures::FutureExt::now_or_never(task) {
+                tracing::warn!(
+                    operator = %self.operator,
+                    "a state snapshot failed (a restart reads more deltas): {e}"
+                );
+            }
+        }
+        let files = self.files.clone();
+        self.snapshot = Some(tokio::spawn(files::snapshot_from_files(files, batch_id)));
+    }
+
+    /// Wait for the snapshot being written in the background, if any, and
+    /// return how it ended (a clean stop waits, so the next start reads
+    /// it; tests wait to see it).
+    pub async fn wait_for_snapshot(&mut self) -> Result<()> {
+        match self.snapshot.take() {
+            None => Ok(()),
+            Some(task) => task.await.map_err(|e| Error::Background {
+                operator: self.operator.clone(),
+                reason: e.to_string(),
+            })?,
+        }
     }
 
     /// Every row held with its bucket, ordered by bucket and key.
@@ -1055,12 +1054,11 @@ impl StateStore {
             .flat_map(|(&bucket, rows)| rows.sorted().map(move |(k, v)| (bucket, k, v)))
     }
 
-    /// Write a state file at `path`: `upserts`, then `removals` (a reader
-    /// applies them in this order), a chunk per Arrow batch, each sent to
-    /// the store as it is encoded; synced when this returns.
-    async fn write_file<'a>(
+    /// Write batch `batch_id`'s delta file: `upserts`, then `removals` (a
+    /// reader applies them in this order), a chunk per Arrow batch, each
+    /// sent to the store as it is encoded; synced when this returns.
+    async fn write_delta<'a>(
         &'a self,
-        path: object_store::path::Path,
         batch_id: u64,
         meta: &serde_json::Value,
         upserts: impl Iterator<Item = (i64, &'a [u8], &'a [u8])> + Send,
@@ -1074,17 +1072,8 @@ impl StateStore {
             "bytes": self.bytes,
             "meta": meta,
         });
-        let schema = Arc::new(
-            self.file_schema()
-                .with_metadata([(META.to_string(), header.to_string())].into()),
-        );
-        let mut w = arrow::ipc::writer::FileWriter::try_new(Vec::new(), &schema)
-            .map_err(self.arrow_err())?;
-        let mut upload = Upload::new(self.location.store().clone(), path.clone());
-        let store_err = |source| lakestream_storage::Error::Store {
-            file: self.url(&path),
-            source,
-        };
+        let mut out = FileOut::new(&self.files, self.file(batch_id, "delta"), &header)?;
+        let schema = out.schema.clone();
         let mut chunk: Vec<(i64, &[u8], &[u8])> = Vec::with_capacity(CHUNK.min(1024));
         let mut upserts = upserts.peekable();
         while upserts.peek().is_some() {
@@ -1099,11 +1088,7 @@ impl StateStore {
             )));
             columns.push(Arc::new(BooleanArray::from(vec![false; chunk.len()])));
             let batch = RecordBatch::try_new(schema.clone(), columns).map_err(self.arrow_err())?;
-            w.write(&batch).map_err(self.arrow_err())?;
-            upload
-                .send(std::mem::take(w.get_mut()))
-                .await
-                .map_err(store_err)?;
+            out.write(&batch, true).await?;
         }
         let value_fields = &schema.fields()[self.keys..self.schema.fields().len()];
         for chunk in removals.chunks(CHUNK) {
@@ -1122,19 +1107,9 @@ impl StateStore {
                 &arrow::array::RecordBatchOptions::new().with_row_count(Some(chunk.len())),
             )
             .map_err(self.arrow_err())?;
-            w.write(&batch).map_err(self.arrow_err())?;
-            upload
-                .send(std::mem::take(w.get_mut()))
-                .await
-                .map_err(store_err)?;
+            out.write(&batch, false).await?;
         }
-        w.finish().map_err(self.arrow_err())?;
-        upload
-            .send(w.into_inner().map_err(self.arrow_err())?)
-            .await
-            .map_err(store_err)?;
-        upload.finish().await.map_err(store_err)?;
-        Ok(self.location.sync(&path).await?)
+        out.finish().await
     }
 
     /// Remove the files no restart can need once batches before
@@ -1170,62 +1145,6 @@ impl StateStore {
     }
 }
 
-/// Bytes of a state file sent to the store in one request: a smaller file
-/// is one `put`, a larger one a multipart upload of parts this size (at
-/// least the 5 MiB S3 asks of a part).
-const PART: usize = 5 << 20;
-
-/// One file written to a store as its bytes come: buffered up to [`PART`]
-/// and then one `put`, or a multipart upload with one part in flight, so a file's bytes are never all in memory at once. The file
-/// appears whole or not at all.
-struct Upload {
-    store: Arc<dyn object_store::ObjectStore>,
-    path: object_store::path::Path,
-    buffer: Vec<u8>,
-    multipart: Option<object_store::WriteMultipart>,
-}
-
-impl Upload {
-    fn new(store: Arc<dyn object_store::ObjectStore>, path: object_store::path::Path) -> Self {
-        Self {
-            store,
-            path,
-            buffer: Vec::new(),
-            multipart: None,
-        }
-    }
-
-    /// Add `bytes` to the file.
-    async fn send(&mut self, bytes: Vec<u8>) -> object_store::Result<()> {
-        if self.multipart.is_none() && self.buffer.len() + bytes.len() <= PART {
-            self.buffer.extend_from_slice(&bytes);
-            return Ok(());
-        }
-        if self.multipart.is_none() {
-            let upload = self.store.put_multipart(&self.path).await?;
-            let mut m = object_store::WriteMultipart::new_with_chunk_size(upload, PART);
-            m.put(std::mem::take(&mut self.buffer).into());
-            self.multipart = Some(m);
-        }
-        let m = self.multipart.as_mut().expect("set above");
-        m.wait_for_capacity(1).await?;
-        m.put(bytes.into());
-        Ok(())
-    }
-
-    /// Make the file whole in the store.
-    async fn finish(self) -> object_store::Result<()> {
-        match self.multipart {
-            None => self
-                .store
-                .put(&self.path, PutPayload::from(self.buffer))
-                .await
-                .map(|_| ()),
-            Some(m) => m.finish().await.map(|_| ()),
-        }
-    }
-}
-
 /// What the newest state file of one operator says about its state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
@@ -1247,17 +1166,7 @@ pub struct Summary {
 /// Empty when the query keeps no state.
 pub async fn summaries(location: &Location, through: Option<u64>) -> Result<Vec<Summary>> {
     let dir = location.child("state");
-    let metas: Vec<_> = match location.store().list(Some(&dir)).try_collect().await {
-        Ok(m) => m,
-        Err(object_store::Error::NotFound { .. }) => Vec::new(),
-        Err(e) => {
-            return Err(lakestream_storage::Error::Store {
-                file: location.url_of(&dir),
-                source: e,
-            }
-            .into());
-        }
-    };
+    let metas = files::list_dir(location, &dir).await?;
     // operator → newest delta batch id within `through`.
     let mut newest: BTreeMap<String, (u64, object_store::path::Path)> = BTreeMap::new();
     for m in metas {
@@ -1490,6 +1399,7 @@ mod tests {
         for id in 0..7u64 {
             s.upsert(&batch(&[("k", id as i64)]), &[1]).unwrap();
             s.commit(id, serde_json::Value::Null).await.unwrap();
+            s.wait_for_snapshot().await.unwrap();
         }
         // Snapshots after batches 2 and 5 (every 3).
         let (snapshots, deltas) = s.list().await.unwrap();
@@ -1653,9 +1563,10 @@ mod tests {
         let rows: Vec<(&str, i64)> = names.iter().map(String::as_str).zip(0..n).collect();
         s.upsert(&batch(&rows), &vec![1; n as usize]).unwrap();
         s.commit(0, serde_json::json!({"m": 1})).await.unwrap();
+        s.wait_for_snapshot().await.unwrap();
         let snapshot = dir.path().join("state/agg/0.snapshot.arrow");
         let size = std::fs::metadata(&snapshot).unwrap().len();
-        assert!(size > PART as u64, "{size} bytes");
+        assert!(size > files::PART as u64, "{size} bytes");
 
         let mut r = store(dir.path());
         r.load(Some(0)).await.unwrap();
@@ -1667,6 +1578,174 @@ mod tests {
             pairs(r.lookup(&probe, &[1, 1]).unwrap()),
             vec![(names[0].clone(), 0), (names[199_999].clone(), 199_999)]
         );
+    }
+
+    /// The rows of `s`, sorted with their buckets... as `pairs` gives them.
+    fn held(s: &StateStore) -> Vec<(String, i64)> {
+        pairs(s.all().unwrap())
+    }
+
+    #[tokio::test]
+    async fn snapshots_merged_from_the_files_hold_exactly_the_state_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path()).with_snapshot_interval(4);
+        s.load(None).await.unwrap();
+        let mut expected = Vec::new();
+        for id in 0..13u64 {
+            // Keys come and go: upserts into two buckets, a key moving
+            // bucket, removals, an eviction, and one batch changing most
+            // of the state (its delta holds every row).
+            let n = if id == 5 { CHUNK as i64 + 10 } else { 50 };
+            let names: Vec<String> = (0..n)
+                .map(|i| format!("k{}", (i * 7 + id as i64) % 400))
+                .collect();
+            let rows: Vec<(&str, i64)> = names.iter().map(|k| (k.as_str(), id as i64)).collect();
+            let buckets: Vec<i64> = (0..n).map(|i| 1 + (i + id as i64) % 3).collect();
+            s.upsert(&batch(&rows), &buckets).unwrap();
+            if id % 3 == 1 {
+                let gone: Vec<(&str, i64)> = rows.iter().take(10).copied().collect();
+                s.remove_keys(&batch(&gone), &buckets[..10]).unwrap();
+            }
+            if id == 7 {
+                s.evict_through(1).unwrap();
+            }
+            s.commit(id, serde_json::json!({ "id": id })).await.unwrap();
+            s.wait_for_snapshot().await.unwrap();
+            expected.push(held(&s));
+        }
+        let (snapshots, _) = s.list().await.unwrap();
+        assert_eq!(snapshots, vec![3, 7, 11]);
+        for v in 0..13u64 {
+            let mut r = store(dir.path());
+            r.load(Some(v)).await.unwrap();
+            assert_eq!(held(&r), expected[v as usize], "as of batch {v}");
+            assert_eq!(r.meta(), &serde_json::json!({ "id": v }));
+        }
+        // Each snapshot alone (its deltas gone) gives the same state.
+        for v in [3u64, 7, 11] {
+            let copy = tempfile::tempdir().unwrap();
+            let from = dir.path().join("state/agg");
+            let to = copy.path().join("state/agg");
+            std::fs::create_dir_all(&to).unwrap();
+            let name = format!("{v}.snapshot.arrow");
+            std::fs::copy(from.join(&name), to.join(&name)).unwrap();
+            let mut r = store(copy.path());
+            r.load(Some(v)).await.unwrap();
+            assert_eq!(held(&r), expected[v as usize], "snapshot {v}");
+            assert_eq!(r.rows(), expected[v as usize].len() as u64);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_merges_delta_files_written_before_they_counted_their_upserts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path()).with_snapshot_interval(100);
+        s.load(None).await.unwrap();
+        s.upsert(&batch(&[("a", 1), ("b", 2), ("c", 3)]), &[1, 1, 2])
+            .unwrap();
+        s.commit(0, serde_json::Value::Null).await.unwrap();
+        s.upsert(&batch(&[("a", 10)]), &[1]).unwrap();
+        s.remove_keys(&batch(&[("b", 0)]), &[1]).unwrap();
+        s.commit(1, serde_json::Value::Null).await.unwrap();
+        // Rewrite both deltas as earlier builds wrote them: no count of
+        // upsert batches in the footer.
+        for id in 0..2 {
+            let path = dir.path().join(format!("state/agg/{id}.delta.arrow"));
+            let reader =
+                arrow::ipc::reader::FileReader::try_new(std::fs::File::open(&path).unwrap(), None)
+                    .unwrap();
+            let schema = reader.schema();
+            let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+            let mut w = arrow::ipc::writer::FileWriter::try_new(
+                std::fs::File::create(&path).unwrap(),
+                &schema,
+            )
+            .unwrap();
+            for b in &batches {
+                w.write(b).unwrap();
+            }
+            w.finish().unwrap();
+        }
+        files::snapshot_from_files(s.files.clone(), 1)
+            .await
+            .unwrap();
+        std::fs::remove_file(dir.path().join("state/agg/0.delta.arrow")).unwrap();
+        std::fs::remove_file(dir.path().join("state/agg/1.delta.arrow")).unwrap();
+        let mut r = store(dir.path());
+        r.load(Some(1)).await.unwrap();
+        assert_eq!(held(&r), vec![("a".into(), 10), ("c".into(), 3)]);
+    }
+
+    #[tokio::test]
+    async fn a_restart_writes_the_snapshot_its_process_did_not_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path());
+        s.load(None).await.unwrap();
+        for id in 0..7u64 {
+            s.upsert(&batch(&[("k", id as i64), (&format!("k{id}"), 1)]), &[1, 1])
+                .unwrap();
+            s.commit(id, serde_json::Value::Null).await.unwrap();
+            s.wait_for_snapshot().await.unwrap();
+        }
+        let snapshot = dir.path().join("state/agg/5.snapshot.arrow");
+        std::fs::remove_file(&snapshot).unwrap();
+        let mut r = store(dir.path());
+        r.load(Some(6)).await.unwrap();
+        r.wait_for_snapshot().await.unwrap();
+        assert!(snapshot.exists());
+        let mut again = store(dir.path());
+        again.load(Some(5)).await.unwrap();
+        assert_eq!(again.rows(), 7);
+        assert_eq!(
+            pairs(again.lookup(&batch(&[("k", 0)]), &[1]).unwrap()),
+            vec![("k".into(), 5)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_that_does_not_add_up_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path()).with_snapshot_interval(100);
+        s.load(None).await.unwrap();
+        s.upsert(&batch(&[("a", 1), ("b", 2)]), &[1, 1]).unwrap();
+        s.commit(0, serde_json::Value::Null).await.unwrap();
+        s.upsert(&batch(&[("c", 3)]), &[1]).unwrap();
+        s.commit(1, serde_json::Value::Null).await.unwrap();
+        // Batch 1's delta says the state held 5 rows; the files give 3.
+        let d = dir.path().join("state/agg");
+        let path = d.join("1.delta.arrow");
+        let reader =
+            arrow::ipc::reader::FileReader::try_new(std::fs::File::open(&path).unwrap(), None)
+                .unwrap();
+        let schema = reader.schema();
+        let mut header: serde_json::Value = serde_json::from_str(&schema.metadata()[META]).unwrap();
+        assert_eq!(header["rows"], 3);
+        header["rows"] = 5.into();
+        let schema = Arc::new(
+            schema
+                .as_ref()
+                .clone()
+                .with_metadata([(META.to_string(), header.to_string())].into()),
+        );
+        let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+        let mut w =
+            arrow::ipc::writer::FileWriter::try_new(std::fs::File::create(&path).unwrap(), &schema)
+                .unwrap();
+        for b in &batches {
+            w.write(&RecordBatch::try_new(schema.clone(), b.columns().to_vec()).unwrap())
+                .unwrap();
+        }
+        w.finish().unwrap();
+        let err = files::snapshot_from_files(s.files.clone(), 1)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("1.delta.arrow")
+                && err.contains("holds 3 rows where the batch recorded 5"),
+            "{err}"
+        );
+        assert!(!d.join("1.snapshot.arrow").exists());
     }
 
     #[tokio::test]

@@ -45,6 +45,7 @@ fn the_benchmark_prints_every_figure() {
         "ratio.datafusion_json_over_file_source",
         "state.small_median",
         "state.large_median",
+        "state.large_max",
         "state.large_bytes",
         "state.large_arrow_bytes",
         "state.large_peak_rss",

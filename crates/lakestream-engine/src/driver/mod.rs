@@ -366,6 +366,11 @@ impl Driver {
         for o in &self.outputs {
             o.sink.flush().await;
         }
+        if let Some(st) = &self.stateful {
+            // A snapshot being written in the background is finished, so
+            // the next start reads it rather than the deltas before it.
+            st.wait_for_snapshot().await;
+        }
         if summary.table_version.is_none() {
             summary.table_version = self.outputs[0].sink.version().await?;
         }

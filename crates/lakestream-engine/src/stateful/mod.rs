@@ -711,6 +711,15 @@ impl StatefulAggregate {
         Ok((plan, progress))
     }
 
+    /// Wait for the state snapshot being written in the background, if
+    /// any (a failed one is logged: a restart reads more deltas).
+    pub(crate) async fn wait_for_snapshot(&self) {
+        let mut store = self.store.lock().await;
+        if let Err(e) = store.wait_for_snapshot().await {
+            tracing::warn!("{e} (a restart reads more state deltas)");
+        }
+    }
+
     /// Remove the state files no restart can need once batches before
     /// `keep_from` are never replayed.
     pub(crate) async fn purge_before(&self, keep_from: u64) -> Result<usize> {

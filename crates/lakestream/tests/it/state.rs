@@ -1,5 +1,6 @@
 //! The state store against the S3-compatible server: files larger than one
-//! upload part go up in parts and load back exactly.
+//! upload part go up in parts, are read back a batch at a time by ranges,
+//! and merge into the next snapshot exactly.
 
 use std::sync::Arc;
 
@@ -39,6 +40,7 @@ async fn a_state_larger_than_an_upload_part_goes_to_s3_in_parts_and_loads_back()
     store.load(None).await.unwrap();
     store.upsert(&all, &vec![7; 200_000]).unwrap();
     store.commit(0, serde_json::json!({"b": 0})).await.unwrap();
+    store.wait_for_snapshot().await.unwrap();
     // Batch 1 changes one key and forgets another.
     store
         .upsert(&rows(&keys[..1], [-1].into_iter()), &[7])
@@ -47,6 +49,8 @@ async fn a_state_larger_than_an_upload_part_goes_to_s3_in_parts_and_loads_back()
         .remove_keys(&rows(&keys[1..2], [0].into_iter()), &[7])
         .unwrap();
     store.commit(1, serde_json::json!({"b": 1})).await.unwrap();
+    // Snapshot 1 is merged from snapshot 0 (read by ranges) and delta 1.
+    store.wait_for_snapshot().await.unwrap();
 
     for name in ["0.snapshot.arrow", "1.snapshot.arrow"] {
         let path = loc.child(&format!("state/aggregate/{name}"));
