@@ -14,13 +14,17 @@ use lakestream_storage::Location;
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::{BUCKET, CHUNK, Error, FORMAT_VERSION, META, REMOVED, Result, describe};
+use crate::{BUCKET, Error, FILE_CHUNK, FORMAT_VERSION, META, REMOVED, Result, describe};
 
 /// Bytes of a state file sent to the store in one request: a smaller file
-/// is one `put` (and is read back in one `get`), a larger one a multipart
-/// upload of parts this size (at least the 5 MiB S3 asks of a part), read
-/// back an Arrow batch at a time.
+/// is one `put`, a larger one a multipart upload of parts this size (at
+/// least the 5 MiB S3 asks of a part).
 pub(crate) const PART: usize = 5 << 20;
+
+/// A state file up to this size is read in one request; a larger one a
+/// batch at a time (a snapshot merges many files at once: each holds one
+/// batch in memory, not the whole file).
+const WHOLE: usize = 1 << 20;
 
 /// Where one operator's state files live and what they hold: all a
 /// background snapshot needs, without the store's memory.
@@ -110,7 +114,7 @@ impl Files {
         };
         let size = got.meta.size;
         // A small file in one request; a large one by ranges.
-        let whole = if size <= PART as u64 {
+        let whole = if size <= WHOLE as u64 {
             Some(Buffer::from(got.bytes().await.map_err(store_err)?))
         } else {
             drop(got);
@@ -472,6 +476,15 @@ impl Run {
         self.row = 0;
         self.source = None;
         let n = files.schema.fields().len();
+        let found = self.next_of_kind(files, conv, n).await;
+        if self.batch.is_none() {
+            // The run is over: let go of a file read whole.
+            self.file.whole = None;
+        }
+        found
+    }
+
+    async fn next_of_kind(&mut self, files: &Files, conv: &RowConverter, n: usize) -> Result<()> {
         while let Some(b) = self.file.next_batch().await? {
             if b.num_rows() == 0 {
                 continue;
@@ -602,13 +615,21 @@ pub(crate) async fn snapshot_from_files(files: Files, batch_id: u64) -> Result<(
             };
             picks.push((source, run.row));
         }
+        // A run leaving a batch the output still points into: write the
+        // output first, so no batch outlives its run's cursor (at most one
+        // batch per run is held).
+        let leaving = runs.iter().any(|r| {
+            r.source.is_some()
+                && r.key(n) == Some((bucket, &key[..]))
+                && r.batch.as_ref().is_some_and(|b| r.row + 1 >= b.num_rows())
+        });
+        if leaving || picks.len() >= FILE_CHUNK {
+            written += flush(&mut out, &mut picks, &mut sources, &mut runs, n).await?;
+        }
         for run in runs.iter_mut() {
             if run.key(n) == Some((bucket, &key[..])) {
                 run.advance(&files, &conv).await?;
             }
-        }
-        if picks.len() >= CHUNK || sources.len() > 4 * runs.len() {
-            written += flush(&mut out, &mut picks, &mut sources, &mut runs, n).await?;
         }
     }
     written += flush(&mut out, &mut picks, &mut sources, &mut runs, n).await?;

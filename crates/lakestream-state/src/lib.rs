@@ -52,9 +52,13 @@ pub const FORMAT_VERSION: u32 = 1;
 /// A full snapshot is written after every this many batches.
 pub const SNAPSHOT_INTERVAL: u64 = 10;
 
-/// Rows per Arrow batch in a state file, and per slice of an upsert: what
-/// a commit or an upsert holds in Arrow form at once.
+/// Rows per slice of an upsert, and at most per Arrow batch of a state
+/// file: what an upsert or a commit holds in Arrow form at once.
 const CHUNK: usize = 65_536;
+
+/// Rows per Arrow batch a commit writes: what a background snapshot holds
+/// of each file it merges.
+const FILE_CHUNK: usize = 16_384;
 
 const BUCKET: &str = "__lakestream_bucket";
 const REMOVED: &str = "__lakestream_removed";
@@ -1078,7 +1082,7 @@ impl StateStore {
         let mut upserts = upserts.peekable();
         while upserts.peek().is_some() {
             chunk.clear();
-            chunk.extend(upserts.by_ref().take(CHUNK));
+            chunk.extend(upserts.by_ref().take(FILE_CHUNK));
             let keys: Vec<&[u8]> = chunk.iter().map(|u| u.1).collect();
             let values: Vec<&[u8]> = chunk.iter().map(|u| u.2).collect();
             let mut columns = self.key_rows.decode(&keys).map_err(self.arrow_err())?;
@@ -1091,7 +1095,7 @@ impl StateStore {
             out.write(&batch, true).await?;
         }
         let value_fields = &schema.fields()[self.keys..self.schema.fields().len()];
-        for chunk in removals.chunks(CHUNK) {
+        for chunk in removals.chunks(FILE_CHUNK) {
             let keys: Vec<&[u8]> = chunk.iter().map(|r| r.1).collect();
             let mut columns = self.key_rows.decode(&keys).map_err(self.arrow_err())?;
             for f in value_fields {
