@@ -48,6 +48,15 @@ impl Files {
         self.location.url_of(path)
     }
 
+    /// The error for batch `batch_id`'s missing delta file.
+    pub(crate) fn missing(&self, batch_id: u64) -> Error {
+        Error::Missing {
+            operator: self.operator.clone(),
+            batch_id,
+            file: self.url(&self.path(batch_id, "delta")),
+        }
+    }
+
     /// The columns of a state file: the state's, nullable, then the bucket
     /// and the removal flag.
     pub(crate) fn file_schema(&self) -> Schema {
@@ -120,16 +129,7 @@ impl Files {
             drop(got);
             None
         };
-        let range = |from: u64, to: u64| {
-            let whole = whole.clone();
-            let path = path.clone();
-            async move {
-                match whole {
-                    Some(b) => Ok(b.slice_with_length(from as usize, (to - from) as usize)),
-                    None => store.get_range(&path, from..to).await.map(Buffer::from),
-                }
-            }
-        };
+        let range = |from: u64, to: u64| read_range(store, &path, whole.as_ref(), from, to);
         if size < 10 {
             return Err(corrupt(format!("{size} bytes: not an Arrow IPC file")));
         }
@@ -214,6 +214,21 @@ impl Files {
     }
 }
 
+/// Bytes `from..to` of the file at `path`: a slice of `whole` when the file
+/// was read whole, else a range request.
+async fn read_range(
+    store: &Arc<dyn object_store::ObjectStore>,
+    path: &Path,
+    whole: Option<&Buffer>,
+    from: u64,
+    to: u64,
+) -> object_store::Result<Buffer> {
+    match whole {
+        Some(b) => Ok(b.slice_with_length(from as usize, (to - from) as usize)),
+        None => store.get_range(path, from..to).await.map(Buffer::from),
+    }
+}
+
 /// Every file under `dir` (none when it does not exist).
 pub(crate) async fn list_dir(
     location: &Location,
@@ -257,22 +272,21 @@ impl StateFile {
         self.next += 1;
         let from = block.offset() as u64;
         let to = from + block.metaDataLength() as u64 + block.bodyLength() as u64;
-        let buf = match &self.whole {
-            Some(b) if to as usize <= b.len() => {
-                b.slice_with_length(from as usize, (to - from) as usize)
-            }
-            Some(_) => return Err(self.corrupt(format!("a batch at {from}..{to} past the end"))),
-            None => self
-                .location
-                .store()
-                .get_range(&self.path, from..to)
-                .await
-                .map(Buffer::from)
-                .map_err(|source| lakestream_storage::Error::Store {
-                    file: self.url.clone(),
-                    source,
-                })?,
-        };
+        if self.whole.as_ref().is_some_and(|b| to as usize > b.len()) {
+            return Err(self.corrupt(format!("a batch at {from}..{to} past the end")));
+        }
+        let buf = read_range(
+            self.location.store(),
+            &self.path,
+            self.whole.as_ref(),
+            from,
+            to,
+        )
+        .await
+        .map_err(|source| lakestream_storage::Error::Store {
+            file: self.url.clone(),
+            source,
+        })?;
         self.decoder
             .read_record_batch(&block, &buf)
             .map_err(|e| self.corrupt(e.to_string()))
@@ -544,11 +558,7 @@ pub(crate) async fn snapshot_from_files(files: Files, batch_id: u64) -> Result<(
     let first = base.map_or(0, |s| s + 1);
     for id in first..=batch_id {
         if deltas.binary_search(&id).is_err() {
-            return Err(Error::Missing {
-                operator: files.operator.clone(),
-                batch_id: id,
-                file: files.url(&files.path(id, "delta")),
-            });
+            return Err(files.missing(id));
         }
     }
     let fields = files.schema.fields();

@@ -422,10 +422,6 @@ type Changes = std::collections::HashSet<(i64, Box<[u8]>)>;
 
 /// One operator's keyed state (see the crate docs).
 pub struct StateStore {
-    location: Location,
-    operator: String,
-    schema: SchemaRef,
-    keys: usize,
     key_rows: Values,
     value_rows: Values,
     buckets: BTreeMap<i64, Rows>,
@@ -451,7 +447,7 @@ pub struct StateStore {
 impl std::fmt::Debug for StateStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StateStore")
-            .field("operator", &self.operator)
+            .field("operator", &self.files.operator)
             .field("version", &self.version)
             .field("rows", &self.rows)
             .finish()
@@ -494,16 +490,12 @@ impl StateStore {
             v => Values(Some(RowConverter::new(sort_fields(v)?).map_err(arrow_err)?)),
         };
         let files = Files {
-            location: location.clone(),
-            operator: operator.to_string(),
-            schema: schema.clone(),
-            keys,
-        };
-        Ok(Self {
             location,
             operator: operator.to_string(),
             schema,
             keys,
+        };
+        Ok(Self {
             key_rows,
             value_rows,
             buckets: BTreeMap::new(),
@@ -524,10 +516,10 @@ impl StateStore {
     /// Index the keys by the key columns `columns` (positions among the
     /// key columns), for [`Self::lookup_indexed`]. Call before loading.
     pub fn with_index(mut self, columns: Vec<usize>) -> Result<Self> {
-        let fields = self.schema.fields();
+        let fields = self.files.schema.fields();
         let sort_fields: Vec<SortField> = columns
             .iter()
-            .filter(|&&i| i < self.keys)
+            .filter(|&&i| i < self.files.keys)
             .map(|&i| SortField::new(fields[i].data_type().clone()))
             .collect();
         let rows = if sort_fields.is_empty() {
@@ -537,7 +529,10 @@ impl StateStore {
                 RowConverter::new(sort_fields).map_err(self.arrow_err())?,
             ))
         };
-        let columns = columns.into_iter().filter(|&i| i < self.keys).collect();
+        let columns = columns
+            .into_iter()
+            .filter(|&i| i < self.files.keys)
+            .collect();
         self.index = Some(Index {
             columns,
             rows,
@@ -555,12 +550,12 @@ impl StateStore {
 
     /// The operator's name.
     pub fn operator(&self) -> &str {
-        &self.operator
+        &self.files.operator
     }
 
     /// The schema of the rows kept (key columns, then value columns).
     pub fn schema(&self) -> &SchemaRef {
-        &self.schema
+        &self.files.schema
     }
 
     /// True when the state in memory is the state as of `version`.
@@ -593,13 +588,9 @@ impl StateStore {
         self.files.path(batch_id, kind)
     }
 
-    fn url(&self, path: &object_store::path::Path) -> String {
-        self.files.url(path)
-    }
-
     fn arrow_err(&self) -> impl Fn(ArrowError) -> Error + '_ {
         move |source| Error::Arrow {
-            operator: self.operator.clone(),
+            operator: self.files.operator.clone(),
             source,
         }
     }
@@ -629,19 +620,11 @@ impl StateStore {
                 None => deltas.first().copied().unwrap_or(0).min(v),
             };
             if base.is_none() && first_delta != 0 {
-                return Err(Error::Missing {
-                    operator: self.operator.clone(),
-                    batch_id: 0,
-                    file: self.url(&self.file(0, "delta")),
-                });
+                return Err(self.files.missing(0));
             }
             for id in first_delta..=v {
                 if deltas.binary_search(&id).is_err() {
-                    return Err(Error::Missing {
-                        operator: self.operator.clone(),
-                        batch_id: id,
-                        file: self.url(&self.file(id, "delta")),
-                    });
+                    return Err(self.files.missing(id));
                 }
                 self.apply_file(id, "delta").await?;
             }
@@ -674,7 +657,7 @@ impl StateStore {
             reason,
         };
         self.meta = file.header.get("meta").cloned().unwrap_or_default();
-        let n = self.schema.fields().len();
+        let n = self.files.schema.fields().len();
         while let Some(batch) = file.next_batch().await? {
             let buckets = batch
                 .column(n)
@@ -690,11 +673,11 @@ impl StateStore {
                 .clone();
             let keys = self
                 .key_rows
-                .encode(&batch.columns()[..self.keys], batch.num_rows())
+                .encode(&batch.columns()[..self.files.keys], batch.num_rows())
                 .map_err(|e| corrupt(e.to_string()))?;
             let values = self
                 .value_rows
-                .encode(&batch.columns()[self.keys..n], batch.num_rows())
+                .encode(&batch.columns()[self.files.keys..n], batch.num_rows())
                 .map_err(|e| corrupt(e.to_string()))?;
             let prefixes = self.prefixes(&batch).map_err(|e| corrupt(e.to_string()))?;
             for (i, (key, value)) in keys.into_iter().zip(values).enumerate() {
@@ -750,7 +733,7 @@ impl StateStore {
     pub fn lookup(&self, batch: &RecordBatch, buckets: &[i64]) -> Result<Option<RecordBatch>> {
         let keys = self
             .key_rows
-            .encode(&batch.columns()[..self.keys], batch.num_rows())
+            .encode(&batch.columns()[..self.files.keys], batch.num_rows())
             .map_err(self.arrow_err())?;
         let mut seen = std::collections::HashSet::new();
         let (mut found_keys, mut found_values) = (Vec::new(), Vec::new());
@@ -799,11 +782,11 @@ impl StateStore {
     fn upsert_slice(&mut self, batch: &RecordBatch, buckets: &[i64]) -> Result<()> {
         let keys = self
             .key_rows
-            .encode(&batch.columns()[..self.keys], batch.num_rows())
+            .encode(&batch.columns()[..self.files.keys], batch.num_rows())
             .map_err(self.arrow_err())?;
         let values = self
             .value_rows
-            .encode(&batch.columns()[self.keys..], batch.num_rows())
+            .encode(&batch.columns()[self.files.keys..], batch.num_rows())
             .map_err(self.arrow_err())?;
         let prefixes = self.prefixes(batch).map_err(self.arrow_err())?;
         for (i, ((key, value), &bucket)) in keys.into_iter().zip(values).zip(buckets).enumerate() {
@@ -821,7 +804,7 @@ impl StateStore {
     pub fn remove_keys(&mut self, batch: &RecordBatch, buckets: &[i64]) -> Result<()> {
         let keys = self
             .key_rows
-            .encode(&batch.columns()[..self.keys], batch.num_rows())
+            .encode(&batch.columns()[..self.files.keys], batch.num_rows())
             .map_err(self.arrow_err())?;
         let prefixes = self.prefixes(batch).map_err(self.arrow_err())?;
         for (i, (key, &bucket)) in keys.into_iter().zip(buckets).enumerate() {
@@ -885,7 +868,7 @@ impl StateStore {
         let prefixes = index.encode(batch).map_err(self.arrow_err())?;
         let keys = self
             .key_rows
-            .encode(&batch.columns()[..self.keys], batch.num_rows())
+            .encode(&batch.columns()[..self.files.keys], batch.num_rows())
             .map_err(self.arrow_err())?;
         Ok(prefixes
             .iter()
@@ -904,7 +887,7 @@ impl StateStore {
     pub fn contains(&self, batch: &RecordBatch, buckets: &[i64]) -> Result<Vec<bool>> {
         let keys = self
             .key_rows
-            .encode(&batch.columns()[..self.keys], batch.num_rows())
+            .encode(&batch.columns()[..self.files.keys], batch.num_rows())
             .map_err(self.arrow_err())?;
         Ok(keys
             .iter()
@@ -964,7 +947,7 @@ impl StateStore {
         let mut columns = self.key_rows.decode(keys).map_err(self.arrow_err())?;
         columns.extend(self.value_rows.decode(values).map_err(self.arrow_err())?);
         RecordBatch::try_new_with_options(
-            self.schema.clone(),
+            self.files.schema.clone(),
             columns,
             &arrow::array::RecordBatchOptions::new().with_row_count(Some(keys.len())),
         )
@@ -1020,7 +1003,7 @@ impl StateStore {
         if let Some(task) = &self.snapshot {
             if !task.is_finished() {
                 tracing::debug!(
-                    operator = %self.operator,
+                    operator = %self.files.operator,
                     batch_id,
                     "the previous state snapshot is still being written; this one is skipped"
                 );
@@ -1029,7 +1012,7 @@ impl StateStore {
             let task = self.snapshot.take().expect("checked above");
             if let Some(Ok(Err(e))) = futures::FutureExt::now_or_never(task) {
                 tracing::warn!(
-                    operator = %self.operator,
+                    operator = %self.files.operator,
                     "a state snapshot failed (a restart reads more deltas): {e}"
                 );
             }
@@ -1045,7 +1028,7 @@ impl StateStore {
         match self.snapshot.take() {
             None => Ok(()),
             Some(task) => task.await.map_err(|e| Error::Background {
-                operator: self.operator.clone(),
+                operator: self.files.operator.clone(),
                 reason: e.to_string(),
             })?,
         }
@@ -1070,7 +1053,7 @@ impl StateStore {
     ) -> Result<()> {
         let header = serde_json::json!({
             "version": FORMAT_VERSION,
-            "operator": self.operator,
+            "operator": self.files.operator,
             "batch_id": batch_id,
             "rows": self.rows,
             "bytes": self.bytes,
@@ -1094,7 +1077,7 @@ impl StateStore {
             let batch = RecordBatch::try_new(schema.clone(), columns).map_err(self.arrow_err())?;
             out.write(&batch, true).await?;
         }
-        let value_fields = &schema.fields()[self.keys..self.schema.fields().len()];
+        let value_fields = &schema.fields()[self.files.keys..self.files.schema.fields().len()];
         for chunk in removals.chunks(FILE_CHUNK) {
             let keys: Vec<&[u8]> = chunk.iter().map(|r| r.1).collect();
             let mut columns = self.key_rows.decode(&keys).map_err(self.arrow_err())?;
@@ -1136,6 +1119,7 @@ impl StateStore {
             .chain(deltas.iter().filter(|&&d| d <= base).map(|&d| (d, "delta")));
         for (id, kind) in old {
             if self
+                .files
                 .location
                 .store()
                 .delete(&self.file(id, kind))
