@@ -709,12 +709,26 @@ impl Sink for DeltaSink {
                 false,
             ),
         };
+        // Where the partition columns sit in the batches, for the run split
+        // (the blind writer only: an evolving writer has no partitions).
+        let partitions = match &writer {
+            writer::FileWriter::Blind(_) => loaded
+                .meta
+                .metadata()
+                .partition_columns()
+                .iter()
+                .map(|name| Some((name.clone(), schema.index_of(name).ok()?)))
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default(),
+            writer::FileWriter::Evolving(_) => Vec::new(),
+        };
         Ok(Box::new(DeltaBatchWriter {
             table: self.name.clone(),
             batch_id,
             schema,
             by_name,
             writer,
+            partitions,
             rows: 0,
         }))
     }

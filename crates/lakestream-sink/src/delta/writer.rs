@@ -1,7 +1,23 @@
 //! Streaming one batch's output into new Parquet files.
+//!
+//! A partitioned table's batch is cut into runs of equal partition values
+//! and each run goes to its partition's file as a slice. Output of a
+//! time-ordered input (a backfill partitioned by day) holds one run or a
+//! few per batch, which delta-rs's own split would pay for with a row
+//! conversion of the partition columns and a `take` of every column. A
+//! batch of many short runs (unordered partition values) still takes
+//! delta-rs's split, which gathers each partition's rows once.
+
+use buoyant_kernel::expressions::Scalar;
+use deltalake::kernel::scalars::ScalarExt;
+use indexmap::IndexMap;
 
 use super::schema::by_name;
 use super::*;
+
+/// Above this many runs in a batch, delta-rs's split (one `take` per
+/// partition) costs less than a slice write per run.
+const MAX_RUNS: usize = 64;
 
 /// What writes a batch's Parquet files.
 pub(super) enum FileWriter {
@@ -21,7 +37,44 @@ pub(super) struct DeltaBatchWriter {
     /// lacks (`merge_schema`); else by position.
     pub(super) by_name: bool,
     pub(super) writer: FileWriter,
+    /// The table's partition columns and where they sit in `schema`
+    /// (empty: unpartitioned, or a writer that splits for itself).
+    pub(super) partitions: Vec<(String, usize)>,
     pub(super) rows: u64,
+}
+
+impl DeltaBatchWriter {
+    /// The runs of equal partition values in `batch`, each with its
+    /// values, or `None` when delta-rs's split should do it: no partition
+    /// columns, too many runs, or a type the run kernels cannot compare.
+    fn runs(&self, batch: &RecordBatch) -> Option<Vec<(usize, usize, IndexMap<String, Scalar>)>> {
+        if self.partitions.is_empty() {
+            return None;
+        }
+        let columns: Vec<_> = self
+            .partitions
+            .iter()
+            .map(|(_, i)| batch.column(*i).clone())
+            .collect();
+        let runs = arrow::compute::partition(&columns).ok()?;
+        if runs.len() > MAX_RUNS {
+            return None;
+        }
+        runs.ranges()
+            .into_iter()
+            .map(|r| {
+                let values = self
+                    .partitions
+                    .iter()
+                    .zip(&columns)
+                    .map(|((name, _), col)| {
+                        Some((name.clone(), Scalar::from_array(col.as_ref(), r.start)?))
+                    })
+                    .collect::<Option<IndexMap<_, _>>>()?;
+                Some((r.start, r.end - r.start, values))
+            })
+            .collect()
+    }
 }
 
 #[async_trait]
@@ -42,9 +95,27 @@ impl BatchWriter for DeltaBatchWriter {
                 reason,
             })?;
         self.rows += batch.num_rows() as u64;
-        let written = match &mut self.writer {
-            FileWriter::Blind(w) => w.write(batch).await,
-            FileWriter::Evolving(w) => w.write(&batch).await,
+        let runs = self.runs(&batch);
+        let written = match (&mut self.writer, runs) {
+            (FileWriter::Blind(w), Some(runs)) => {
+                let mut written = Ok(());
+                for (start, len, values) in runs {
+                    written = w
+                        .write_partition(
+                            batch.slice(start, len),
+                            &values,
+                            deltalake::writer::WriteMode::Default,
+                        )
+                        .await
+                        .map(|_| ());
+                    if written.is_err() {
+                        break;
+                    }
+                }
+                written
+            }
+            (FileWriter::Blind(w), None) => w.write(batch).await,
+            (FileWriter::Evolving(w), _) => w.write(&batch).await,
         };
         written.map_err(|e| Error::Write {
             table: self.table.clone(),
