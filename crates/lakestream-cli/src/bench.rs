@@ -24,6 +24,7 @@ use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
 mod decode;
 mod latency;
+mod spark;
 
 /// Sizes of the workloads.
 #[derive(Debug, Clone)]
@@ -46,6 +47,9 @@ pub(crate) struct BenchConfig {
     pub(crate) latency_rates: Vec<u64>,
     /// How long the latency workload produces at each rate.
     pub(crate) latency_seconds: f64,
+    /// A Python with `pyspark`: the backfill workload also runs its
+    /// queries in Spark Structured Streaming.
+    pub(crate) spark_python: Option<PathBuf>,
     /// The workloads to run (all when empty): names of [`WORKLOADS`].
     pub(crate) only: Vec<String>,
 }
@@ -685,6 +689,27 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
             format!("{:.2}", secs / w_secs),
             "x",
         );
+
+        // 2c. the same two queries in Spark Structured Streaming
+        if let Some(python) = &cfg.spark_python {
+            let ours = spark::Ours {
+                backfill: spark::Run {
+                    wall: secs,
+                    cpu: r.cpu_seconds,
+                    rows_written: r
+                        .progress
+                        .iter()
+                        .filter_map(|p| p["output_rows"].as_u64())
+                        .sum(),
+                },
+                windowed: spark::Run {
+                    wall: w_secs,
+                    cpu: w.cpu_seconds,
+                    rows_written: groups,
+                },
+            };
+            spark::compare(python, dir, cfg.rows, &ours)?;
+        }
     }
 
     // 2a. decoding the same files: the file source against DataFusion's

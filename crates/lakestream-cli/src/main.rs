@@ -220,6 +220,12 @@ enum Command {
         /// Seconds the latency workload produces at each rate.
         #[arg(long, default_value_t = 5.0)]
         latency_seconds: f64,
+        /// A Python interpreter with `pyspark` (and a Java runtime on the
+        /// path): the backfill workload then also runs the same backfill and
+        /// windowed queries in Spark Structured Streaming (local[2]) on the
+        /// same input, and prints the ratios.
+        #[arg(long, value_name = "PYTHON")]
+        spark_python: Option<PathBuf>,
         /// Run only these workloads (comma-separated): backfill, decode,
         /// state, update, tiny, writers, history, startup, kafka, latency.
         #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(bench::WORKLOADS))]
@@ -566,6 +572,7 @@ fn main() -> ExitCode {
                 object_store_prefix,
                 latency_rates,
                 latency_seconds,
+                spark_python,
                 only,
                 smoke,
             } => {
@@ -573,6 +580,7 @@ fn main() -> ExitCode {
                     object_store_prefix,
                     latency_rates,
                     latency_seconds,
+                    spark_python,
                     only,
                     smoke: false,
                     dir,

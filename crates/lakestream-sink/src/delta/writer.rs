@@ -15,6 +15,9 @@ use indexmap::IndexMap;
 use super::schema::by_name;
 use super::*;
 
+/// A run of a batch: its first row, its length, its partition values.
+type Run = (usize, usize, IndexMap<String, Scalar>);
+
 /// Above this many runs in a batch, delta-rs's split (one `take` per
 /// partition) costs less than a slice write per run.
 const MAX_RUNS: usize = 64;
@@ -47,7 +50,7 @@ impl DeltaBatchWriter {
     /// The runs of equal partition values in `batch`, each with its
     /// values, or `None` when delta-rs's split should do it: no partition
     /// columns, too many runs, or a type the run kernels cannot compare.
-    fn runs(&self, batch: &RecordBatch) -> Option<Vec<(usize, usize, IndexMap<String, Scalar>)>> {
+    fn runs(&self, batch: &RecordBatch) -> Option<Vec<Run>> {
         if self.partitions.is_empty() {
             return None;
         }
