@@ -353,15 +353,41 @@ impl Rows {
 /// one group) every row encodes as empty.
 struct Values(Option<RowConverter>);
 
+/// A batch's rows, encoded into one buffer: row `i`'s bytes by index, no
+/// allocation per row.
+enum Encoded {
+    /// `n` rows of no columns, each empty.
+    Empty(usize),
+    Rows(arrow::row::Rows),
+}
+
+impl Encoded {
+    fn len(&self) -> usize {
+        match self {
+            Self::Empty(n) => *n,
+            Self::Rows(r) => r.num_rows(),
+        }
+    }
+
+    /// Row `i`'s bytes.
+    fn get(&self, i: usize) -> &[u8] {
+        match self {
+            Self::Empty(_) => &[],
+            Self::Rows(r) => r.row(i).data(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).map(|i| self.get(i))
+    }
+}
+
 impl Values {
     /// Each of the `n` rows of `columns`, encoded.
-    fn encode(&self, columns: &[ArrayRef], n: usize) -> Result<Vec<Box<[u8]>>, ArrowError> {
+    fn encode(&self, columns: &[ArrayRef], n: usize) -> Result<Encoded, ArrowError> {
         match &self.0 {
-            None => Ok(vec![Box::default(); n]),
-            Some(c) => {
-                let rows = c.convert_columns(columns)?;
-                Ok(rows.iter().map(|r| r.as_ref().into()).collect())
-            }
+            None => Ok(Encoded::Empty(n)),
+            Some(c) => Ok(Encoded::Rows(c.convert_columns(columns)?)),
         }
     }
 
@@ -392,7 +418,7 @@ struct Index {
 type KeyBuckets = HashMap<Box<[u8]>, i64>;
 
 impl Index {
-    fn encode(&self, batch: &RecordBatch) -> Result<Vec<Box<[u8]>>, ArrowError> {
+    fn encode(&self, batch: &RecordBatch) -> Result<Encoded, ArrowError> {
         let columns: Vec<ArrayRef> = self
             .columns
             .iter()
@@ -415,10 +441,84 @@ impl Index {
     }
 }
 
-/// The `(bucket, key)`s changed since the last commit: upserted when the
-/// bucket holds the key at the commit, removed when not. Values are not
-/// copied: the commit reads them from the buckets.
-type Changes = std::collections::HashSet<(i64, Box<[u8]>)>;
+/// The `(bucket, key)`s changed since the last commit, each once: upserted
+/// when the bucket holds the key at the commit, removed when not. Values
+/// are not copied: the commit reads them from the buckets. Entries (the
+/// bucket, the key's length as a varint, the key) lie back to back in one
+/// arena with a hash table of their offsets, as in [`Rows`]: a changed
+/// key costs its bytes and a few more, not an allocation of its own.
+#[derive(Default)]
+struct Changes {
+    data: Vec<u8>,
+    table: hashbrown::HashTable<Offset>,
+    hasher: std::hash::RandomState,
+}
+
+impl Changes {
+    fn entry(data: &[u8], at: usize) -> (i64, &[u8]) {
+        let bucket = i64::from_le_bytes(data[at..at + 8].try_into().expect("8 bytes"));
+        let (len, n) = get_len(&data[at + 8..]);
+        let key = at + 8 + n;
+        (bucket, &data[key..key + len])
+    }
+
+    fn hash(hasher: &std::hash::RandomState, bucket: i64, key: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        hasher.hash_one((bucket, key))
+    }
+
+    fn insert(&mut self, bucket: i64, key: &[u8]) {
+        let hash = Self::hash(&self.hasher, bucket, key);
+        let data = &mut self.data;
+        if self
+            .table
+            .find(hash, |&at| Self::entry(data, unpack(at)) == (bucket, key))
+            .is_some()
+        {
+            return;
+        }
+        let at = pack(data.len());
+        data.extend_from_slice(&bucket.to_le_bytes());
+        put_len(data, key.len());
+        data.extend_from_slice(key);
+        let hasher = &self.hasher;
+        self.table.insert_unique(hash, at, |&a| {
+            let (b, k) = Self::entry(data, unpack(a));
+            Self::hash(hasher, b, k)
+        });
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// Forget every change, and the memory they held.
+    fn clear(&mut self) {
+        self.data = Vec::new();
+        self.table = hashbrown::HashTable::new();
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (i64, &[u8])> {
+        self.table
+            .iter()
+            .map(|&at| Self::entry(&self.data, unpack(at)))
+    }
+
+    /// Keep only the changes `keep` says yes to.
+    fn retain(&mut self, mut keep: impl FnMut(i64, &[u8]) -> bool) {
+        let mut kept = Changes::default();
+        for (bucket, key) in self.iter() {
+            if keep(bucket, key) {
+                kept.insert(bucket, key);
+            }
+        }
+        *self = kept;
+    }
+}
 
 /// One operator's keyed state (see the crate docs).
 pub struct StateStore {
@@ -499,7 +599,7 @@ impl StateStore {
             key_rows,
             value_rows,
             buckets: BTreeMap::new(),
-            pending: Changes::new(),
+            pending: Changes::default(),
             version: None,
             loaded: false,
             meta: serde_json::Value::Null,
@@ -680,10 +780,10 @@ impl StateStore {
                 .encode(&batch.columns()[self.files.keys..n], batch.num_rows())
                 .map_err(|e| corrupt(e.to_string()))?;
             let prefixes = self.prefixes(&batch).map_err(|e| corrupt(e.to_string()))?;
-            for (i, (key, value)) in keys.into_iter().zip(values).enumerate() {
-                let prefix = prefixes.as_ref().map(|p| p[i].clone());
+            for (i, (key, value)) in keys.iter().zip(values.iter()).enumerate() {
+                let prefix = prefixes.as_ref().map(|p| p.get(i));
                 if removed.value(i) {
-                    self.remove(buckets.value(i), &key, prefix.as_deref());
+                    self.remove(buckets.value(i), key, prefix);
                 } else {
                     self.put(buckets.value(i), key, value, prefix);
                 }
@@ -693,17 +793,17 @@ impl StateStore {
     }
 
     /// The index key of each row of `batch`, when the store is indexed.
-    fn prefixes(&self, batch: &RecordBatch) -> Result<Option<Vec<Box<[u8]>>>, ArrowError> {
+    fn prefixes(&self, batch: &RecordBatch) -> Result<Option<Encoded>, ArrowError> {
         self.index.as_ref().map(|i| i.encode(batch)).transpose()
     }
 
-    fn put(&mut self, bucket: i64, key: Box<[u8]>, value: Box<[u8]>, prefix: Option<Box<[u8]>>) {
+    fn put(&mut self, bucket: i64, key: &[u8], value: &[u8], prefix: Option<&[u8]>) {
         if let (Some(index), Some(prefix)) = (&mut self.index, prefix) {
-            index.insert(prefix, key.clone(), bucket);
+            index.insert(prefix.into(), key.into(), bucket);
         }
         let rows = self.buckets.entry(bucket).or_default();
         let (key_len, value_len) = (key.len() as u64, value.len() as u64);
-        match rows.insert(&key, &value) {
+        match rows.insert(key, value) {
             Some(old) => self.bytes = self.bytes + value_len - old as u64,
             None => {
                 self.rows += 1;
@@ -739,7 +839,7 @@ impl StateStore {
         let (mut found_keys, mut found_values) = (Vec::new(), Vec::new());
         for (key, &bucket) in keys.iter().zip(buckets) {
             if let Some(rows) = self.buckets.get(&bucket)
-                && let Some((k, v)) = rows.get_key_value(key.as_ref())
+                && let Some((k, v)) = rows.get_key_value(key)
                 && seen.insert(k)
             {
                 found_keys.push(k);
@@ -769,11 +869,8 @@ impl StateStore {
                 // copies of their keys).
                 self.dirty_all = true;
                 let held = &self.buckets;
-                self.pending.retain(|(b, k)| {
-                    !held
-                        .get(b)
-                        .is_some_and(|rows| rows.contains_key(k.as_ref()))
-                });
+                self.pending
+                    .retain(|b, k| !held.get(&b).is_some_and(|rows| rows.contains_key(k)));
             }
         }
         Ok(())
@@ -789,11 +886,12 @@ impl StateStore {
             .encode(&batch.columns()[self.files.keys..], batch.num_rows())
             .map_err(self.arrow_err())?;
         let prefixes = self.prefixes(batch).map_err(self.arrow_err())?;
-        for (i, ((key, value), &bucket)) in keys.into_iter().zip(values).zip(buckets).enumerate() {
+        for (i, ((key, value), &bucket)) in keys.iter().zip(values.iter()).zip(buckets).enumerate()
+        {
             if !self.dirty_all {
-                self.pending.insert((bucket, key.clone()));
+                self.pending.insert(bucket, key);
             }
-            let prefix = prefixes.as_ref().map(|p| p[i].clone());
+            let prefix = prefixes.as_ref().map(|p| p.get(i));
             self.put(bucket, key, value, prefix);
         }
         Ok(())
@@ -807,15 +905,15 @@ impl StateStore {
             .encode(&batch.columns()[..self.files.keys], batch.num_rows())
             .map_err(self.arrow_err())?;
         let prefixes = self.prefixes(batch).map_err(self.arrow_err())?;
-        for (i, (key, &bucket)) in keys.into_iter().zip(buckets).enumerate() {
-            let prefix = prefixes.as_ref().map(|p| p[i].as_ref());
+        for (i, (key, &bucket)) in keys.iter().zip(buckets).enumerate() {
+            let prefix = prefixes.as_ref().map(|p| p.get(i));
             let held = self
                 .buckets
                 .get(&bucket)
-                .is_some_and(|rows| rows.contains_key(key.as_ref()));
+                .is_some_and(|rows| rows.contains_key(key));
             if held {
-                self.remove(bucket, &key, prefix);
-                self.pending.insert((bucket, key));
+                self.remove(bucket, key, prefix);
+                self.pending.insert(bucket, key);
             }
         }
         Ok(())
@@ -831,11 +929,11 @@ impl StateStore {
         let prefixes = index.encode(batch).map_err(self.arrow_err())?;
         let mut seen = std::collections::HashSet::new();
         let (mut keys, mut values, mut buckets) = (Vec::new(), Vec::new(), Vec::new());
-        for prefix in &prefixes {
-            if !seen.insert(prefix.as_ref()) {
+        for prefix in prefixes.iter() {
+            if !seen.insert(prefix) {
                 continue;
             }
-            let Some(held) = index.map.get(prefix.as_ref()) else {
+            let Some(held) = index.map.get(prefix) else {
                 continue;
             };
             for (key, &bucket) in held {
@@ -872,12 +970,12 @@ impl StateStore {
             .map_err(self.arrow_err())?;
         Ok(prefixes
             .iter()
-            .zip(&keys)
+            .zip(keys.iter())
             .map(|(prefix, key)| {
                 index
                     .map
-                    .get(prefix.as_ref())
-                    .and_then(|held| held.get(key.as_ref()).copied())
+                    .get(prefix)
+                    .and_then(|held| held.get(key).copied())
             })
             .collect())
     }
@@ -892,11 +990,7 @@ impl StateStore {
         Ok(keys
             .iter()
             .zip(buckets)
-            .map(|(k, b)| {
-                self.buckets
-                    .get(b)
-                    .is_some_and(|rows| rows.contains_key(k.as_ref()))
-            })
+            .map(|(k, b)| self.buckets.get(b).is_some_and(|rows| rows.contains_key(k)))
             .collect())
     }
 
@@ -912,7 +1006,7 @@ impl StateStore {
             for (k, v) in rows.iter() {
                 self.rows -= 1;
                 self.bytes -= (k.len() + v.len()) as u64;
-                self.pending.insert((bucket, k.into()));
+                self.pending.insert(bucket, k);
                 keys.push(k);
                 values.push(v);
             }
@@ -969,11 +1063,11 @@ impl StateStore {
     pub async fn commit(&mut self, batch_id: u64, meta: serde_json::Value) -> Result<()> {
         let mut upserts: Vec<(i64, &[u8], &[u8])> = Vec::new();
         let mut removals: Vec<(i64, &[u8])> = Vec::new();
-        for (bucket, key) in &self.pending {
-            match self.buckets.get(bucket).and_then(|rows| rows.get(key)) {
-                Some(v) if !self.dirty_all => upserts.push((*bucket, key, v)),
+        for (bucket, key) in self.pending.iter() {
+            match self.buckets.get(&bucket).and_then(|rows| rows.get(key)) {
+                Some(v) if !self.dirty_all => upserts.push((bucket, key, v)),
                 Some(_) => {} // written below with every row
-                None => removals.push((*bucket, key)),
+                None => removals.push((bucket, key)),
             }
         }
         // Deterministic files: a replay writes the same bytes.
