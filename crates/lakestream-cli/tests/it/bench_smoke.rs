@@ -114,3 +114,33 @@ fn the_benchmark_prints_every_figure() {
     let o = run_in(tmp.path(), &["bench", "--only", "backfil"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
+
+/// The Spark comparison needs a Python with pyspark: one without it stops
+/// the bench with an error that says so, after lakestream's own figures.
+#[test]
+fn a_spark_comparison_without_pyspark_says_what_it_needs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let python = python();
+    let o = run_in(
+        tmp.path(),
+        &[
+            "bench",
+            "--smoke",
+            "--dir",
+            "b",
+            "--only",
+            "backfill",
+            "--spark-python",
+            python.to_str().unwrap(),
+        ],
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("windowed.throughput: "), "{out}");
+    assert!(
+        out.contains("the Spark comparison failed") && out.contains("needs pyspark"),
+        "{out}"
+    );
+    assert!(out.contains("No module named 'pyspark'"), "{out}");
+    assert!(!out.contains("ratio.backfill_over_spark"), "{out}");
+}
