@@ -24,7 +24,9 @@ export LAKESTREAM_PYTHON="$PWD/.venv/bin/python"
 
 # An S3-compatible server (SeaweedFS, installed by the requirements above as
 # .venv/bin/weed) on loopback ports, for the object-storage tests. It lives
-# as long as this script.
+# as long as this script. The volume count and size are fixed: left to
+# itself the server sizes them from the free disk space it sees at start,
+# before the build below takes its share of that space.
 S3_DATA="$(mktemp -d)"
 S3_LOG="$S3_DATA.log"
 S3_PID=""
@@ -36,6 +38,7 @@ AWS_ACCESS_KEY_ID=lakestream AWS_SECRET_ACCESS_KEY=lakestream-secret \
   -s3.port.iceberg=0 -s3.port.lance=0 \
   -s3.port="$S3_PORT" -master.port=$((S3_PORT + 1)) -filer.port=$((S3_PORT + 2)) \
   -volume.port=$((S3_PORT + 3)) -admin.port=$((S3_PORT + 4)) \
+  -volume.max=100 -master.volumeSizeLimitMB=64 \
   -bucket=lakestream >"$S3_LOG" 2>&1 &
 S3_PID=$!
 if ! .venv/bin/python tests/py/wait_s3.py "$S3_PORT" lakestream; then
@@ -50,6 +53,15 @@ export LAKESTREAM_S3_SECRET=lakestream-secret
 
 status=0
 cargo test --workspace --no-fail-fast || status=$?
+if [ "$status" != 0 ]; then
+  # Say what the S3 server went through, so a failing object-storage test
+  # can be told apart from a failing server.
+  if ! kill -0 "$S3_PID" 2>/dev/null; then
+    echo "the S3 server (pid $S3_PID) exited during the tests" >&2
+  fi
+  echo "the S3 server's log, last 40 lines:" >&2
+  tail -n 40 "$S3_LOG" >&2 || true
+fi
 # Examples must not rot: run the library examples on their bundled data. The
 # binary is the one `cargo test` built with the workspace's features (a
 # `cargo run -p lakestream` would build DataFusion a second time).
