@@ -16,10 +16,15 @@ use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::{BUCKET, Error, FILE_CHUNK, FORMAT_VERSION, META, REMOVED, Result, describe};
 
-/// Bytes of a state file sent to the store in one request: a smaller file
-/// is one `put`, a larger one a multipart upload of parts this size (at
-/// least the 5 MiB S3 asks of a part).
+/// Bytes of a state file sent to an object store in one request: a
+/// smaller file is one `put`, a larger one a multipart upload of parts this
+/// size (at least the 5 MiB S3 asks of a part).
 pub(crate) const PART: usize = 5 << 20;
+
+/// The same for a checkpoint on the local file system, where a part is a
+/// write into the staging file and has no minimum size: what a file being
+/// written holds in memory (two parts) stays well below the state's size.
+pub(crate) const LOCAL_PART: usize = 256 << 10;
 
 /// A state file up to this size is read in one request; a larger one a
 /// batch at a time (a snapshot merges many files at once: each holds one
@@ -335,7 +340,15 @@ impl FileOut {
         })?;
         Ok(Self {
             writer,
-            upload: Upload::new(files.location.store().clone(), path.clone()),
+            upload: Upload::new(
+                files.location.store().clone(),
+                path.clone(),
+                if files.location.local_dir().is_some() {
+                    LOCAL_PART
+                } else {
+                    PART
+                },
+            ),
             location: files.location.clone(),
             url: files.url(&path),
             path,
@@ -390,22 +403,24 @@ impl FileOut {
     }
 }
 
-/// One file written to a store as its bytes come: buffered up to [`PART`]
-/// and then one `put`, or a multipart upload with one part in flight, so
-/// a file's bytes are never all in memory at once. The file appears whole
-/// or not at all.
+/// One file written to a store as its bytes come: buffered up to a part
+/// ([`PART`], or [`LOCAL_PART`] on a local disk) and then one `put`, or a
+/// multipart upload with one part in flight, so a file's bytes are never
+/// all in memory at once. The file appears whole or not at all.
 struct Upload {
     store: Arc<dyn object_store::ObjectStore>,
     path: Path,
+    part: usize,
     buffer: Vec<u8>,
     multipart: Option<object_store::WriteMultipart>,
 }
 
 impl Upload {
-    fn new(store: Arc<dyn object_store::ObjectStore>, path: Path) -> Self {
+    fn new(store: Arc<dyn object_store::ObjectStore>, path: Path, part: usize) -> Self {
         Self {
             store,
             path,
+            part,
             buffer: Vec::new(),
             multipart: None,
         }
@@ -413,13 +428,13 @@ impl Upload {
 
     /// Add `bytes` to the file.
     async fn send(&mut self, bytes: Vec<u8>) -> object_store::Result<()> {
-        if self.multipart.is_none() && self.buffer.len() + bytes.len() <= PART {
+        if self.multipart.is_none() && self.buffer.len() + bytes.len() <= self.part {
             self.buffer.extend_from_slice(&bytes);
             return Ok(());
         }
         if self.multipart.is_none() {
             let upload = self.store.put_multipart(&self.path).await?;
-            let mut m = object_store::WriteMultipart::new_with_chunk_size(upload, PART);
+            let mut m = object_store::WriteMultipart::new_with_chunk_size(upload, self.part);
             m.put(std::mem::take(&mut self.buffer).into());
             self.multipart = Some(m);
         }

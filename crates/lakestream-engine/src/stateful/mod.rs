@@ -596,55 +596,72 @@ impl StatefulAggregate {
         if !parts.is_empty() {
             let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
             drop(parts); // only `new` is needed from here: half the memory
-            // What to merge: the batch's states and the stored ones of the
-            // same groups. A session window's stored sessions of those
-            // groups are merged with the batch's where they overlap, and
-            // the merged sessions replace them.
-            let (input, replaced) = match self.evict.filter(|e| e.kind == EvictKind::Session) {
-                Some(evict) => {
-                    let old = store.lookup_indexed(&new)?;
-                    let mut all = vec![new];
-                    all.extend(old.as_ref().map(|(o, _)| o.clone()));
-                    let all = concat_batches(&schema, &all).map_err(|e| df(e.into()))?;
-                    let keys = found.group_by.expr().len();
-                    let all = merge_sessions(&all, evict.index, keys).map_err(df)?;
-                    (vec![all], old)
-                }
-                None => {
-                    let buckets = self.buckets(&store, &new, batch_id)?;
-                    let old = store.lookup(&new, &buckets)?;
-                    (std::iter::once(new).chain(old).collect(), None)
-                }
+            let session = self.evict.filter(|e| e.kind == EvictKind::Session);
+            // A batch touching many groups merges them a slice of keys at a
+            // time (each key in one slice), so what the merge holds at once
+            // (DataFusion's hash table, the stored states looked up, the
+            // merged rows) is bounded by the slice, not by the batch.
+            let keys = found.group_by.expr().len();
+            let slices = match session {
+                Some(_) => vec![None],
+                None => key_slices(&new, keys, MERGE_SLICE).map_err(df)?,
             };
-            let merge = found
-                .over_states(AggregateMode::PartialReduce, input, &schema)
-                .map_err(df)?;
-            let merged = rebatch(
-                &schema,
-                collect(Arc::new(merge), ctx.clone()).await.map_err(df)?,
-            )
-            .map_err(df)?;
-            if let Some((o, buckets)) = replaced {
-                store.remove_keys(&o, &buckets)?;
-            }
-            // Each merged batch is dropped once upserted: a batch opening
-            // many groups holds them once in Arrow form, not again until
-            // the commit (append and complete modes keep nothing).
-            for b in merged {
-                let buckets = self.buckets(&store, &b, batch_id)?;
-                if self.dedup {
-                    // Only keys not seen before are new output.
-                    let seen = store.contains(&b, &buckets)?;
-                    let fresh: BooleanArray = seen.iter().map(|s| Some(!s)).collect();
-                    let fresh = filter_record_batch(&b, &fresh).map_err(|e| df(e.into()))?;
-                    if fresh.num_rows() > 0 {
-                        changed.push(fresh);
+            for slice in slices {
+                let new = match slice {
+                    None => new.clone(),
+                    Some(rows) => {
+                        arrow::compute::take_record_batch(&new, &rows).map_err(|e| df(e.into()))?
                     }
-                } else if self.mode == OutputMode::Update {
-                    changed.push(b.clone());
+                };
+                // What to merge: the batch's states and the stored ones of the
+                // same groups. A session window's stored sessions of those
+                // groups are merged with the batch's where they overlap, and
+                // the merged sessions replace them.
+                let (input, replaced) = match session {
+                    Some(evict) => {
+                        let old = store.lookup_indexed(&new)?;
+                        let mut all = vec![new];
+                        all.extend(old.as_ref().map(|(o, _)| o.clone()));
+                        let all = concat_batches(&schema, &all).map_err(|e| df(e.into()))?;
+                        let all = merge_sessions(&all, evict.index, keys).map_err(df)?;
+                        (vec![all], old)
+                    }
+                    None => {
+                        let buckets = self.buckets(&store, &new, batch_id)?;
+                        let old = store.lookup(&new, &buckets)?;
+                        (std::iter::once(new).chain(old).collect(), None)
+                    }
+                };
+                let merge = found
+                    .over_states(AggregateMode::PartialReduce, input, &schema)
+                    .map_err(df)?;
+                let merged = rebatch(
+                    &schema,
+                    collect(Arc::new(merge), ctx.clone()).await.map_err(df)?,
+                )
+                .map_err(df)?;
+                if let Some((o, buckets)) = replaced {
+                    store.remove_keys(&o, &buckets)?;
                 }
-                progress.rows_updated += b.num_rows() as u64;
-                store.upsert(&b, &buckets)?;
+                // Each merged batch is dropped once upserted: a batch opening
+                // many groups holds them once in Arrow form, not again until
+                // the commit (append and complete modes keep nothing).
+                for b in merged {
+                    let buckets = self.buckets(&store, &b, batch_id)?;
+                    if self.dedup {
+                        // Only keys not seen before are new output.
+                        let seen = store.contains(&b, &buckets)?;
+                        let fresh: BooleanArray = seen.iter().map(|s| Some(!s)).collect();
+                        let fresh = filter_record_batch(&b, &fresh).map_err(|e| df(e.into()))?;
+                        if fresh.num_rows() > 0 {
+                            changed.push(fresh);
+                        }
+                    } else if self.mode == OutputMode::Update {
+                        changed.push(b.clone());
+                    }
+                    progress.rows_updated += b.num_rows() as u64;
+                    store.upsert(&b, &buckets)?;
+                }
             }
         }
         let finished = if self.dedup || self.mode == OutputMode::Update {
@@ -927,6 +944,36 @@ fn event_time_max(meta: &serde_json::Value) -> BTreeMap<String, i64> {
         .unwrap_or_default()
 }
 
+/// Groups a merge takes at once (see [`key_slices`]).
+const MERGE_SLICE: usize = 16_384;
+
+/// The rows of `batch` split into slices of about `slice` rows by a hash
+/// of its first `keys` columns, so rows of one key share a slice; `None`
+/// (the whole batch, one slice) when it is no larger than `slice`.
+fn key_slices(
+    batch: &RecordBatch,
+    keys: usize,
+    slice: usize,
+) -> DfResult<Vec<Option<arrow::array::UInt32Array>>> {
+    let n = batch.num_rows();
+    if n <= slice {
+        return Ok(vec![None]);
+    }
+    let count = n.div_ceil(slice);
+    let mut hashes = vec![0u64; n];
+    let state = datafusion::common::hash_utils::RandomState::with_seed(0);
+    datafusion::common::hash_utils::create_hashes(&batch.columns()[..keys], &state, &mut hashes)?;
+    let mut rows: Vec<Vec<u32>> = vec![Vec::with_capacity(slice + slice / 4); count];
+    for (i, h) in hashes.iter().enumerate() {
+        rows[(h % count as u64) as usize].push(i as u32);
+    }
+    Ok(rows
+        .into_iter()
+        .filter(|r| !r.is_empty())
+        .map(|r| Some(arrow::array::UInt32Array::from(r)))
+        .collect())
+}
+
 /// Batches of `schema` with the columns of `batches` (the same types;
 /// field names and nullability may differ), the empty ones left out.
 fn rebatch(schema: &SchemaRef, batches: Vec<RecordBatch>) -> DfResult<Vec<RecordBatch>> {
@@ -1050,6 +1097,42 @@ mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringArray, StructArray};
     use arrow::datatypes::{Field, Schema};
+
+    /// A batch larger than a slice is cut into slices that hold every row
+    /// once, every row of a key in the same slice, none much over the size.
+    #[test]
+    fn key_slices_keep_each_key_in_one_slice_and_every_row_once() {
+        let n = 10_000i64;
+        // Two key columns: 2,500 keys, each on four rows spread apart.
+        let a: Int64Array = (0..n).map(|i| Some(i % 2_500)).collect();
+        let b: StringArray = (0..n)
+            .map(|i| Some(format!("k{}", i % 2_500 % 7)))
+            .collect();
+        let v: Int64Array = (0..n).map(Some).collect();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(a), Arc::new(b), Arc::new(v)]).unwrap();
+        assert_eq!(key_slices(&batch, 2, n as usize).unwrap(), vec![None]);
+        let slices = key_slices(&batch, 2, 1_000).unwrap();
+        assert!(slices.len() >= 8, "{} slices", slices.len());
+        let mut slice_of_key = std::collections::HashMap::new();
+        let mut seen = vec![false; n as usize];
+        for (s, rows) in slices.iter().enumerate() {
+            let rows = rows.as_ref().expect("a slice of rows");
+            assert!(rows.len() <= 2_000, "slice {s}: {} rows", rows.len());
+            for &r in rows.values() {
+                assert!(!seen[r as usize], "row {r} twice");
+                seen[r as usize] = true;
+                let key = r as i64 % 2_500;
+                assert_eq!(*slice_of_key.entry(key).or_insert(s), s, "key {key}");
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "every row in a slice");
+    }
 
     /// Sessions of two users, `[start, end)` in seconds, merged where they
     /// overlap, directly or through a third; touching sessions stay apart.

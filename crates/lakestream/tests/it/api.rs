@@ -563,3 +563,48 @@ async fn for_each_batch_hands_a_replayed_batch_its_same_rows_again() {
     assert_eq!(distinct.len(), n, "no row in two batches");
     assert!(n > 0 && n < 1000);
 }
+
+#[tokio::test]
+async fn a_batch_touching_more_groups_than_one_merge_takes_keeps_every_group_exact() {
+    use lakestream::OutputMode;
+    use lakestream::sink::memory::MemorySink;
+    let dir = tempfile::tempdir().unwrap();
+    let sink = MemorySink::new("out");
+    // 150,000 rows over 50,000 groups (row i in group i % 50,000), 75,000
+    // rows a batch: each batch touches more groups than a merge takes at
+    // once, and the second one changes every group the first opened.
+    let summary = QueryBuilder::new()
+        .source(generator(150_000, 75_000))
+        .unwrap()
+        .sql(
+            "SELECT CAST(substr(event_id, 2) AS BIGINT) % 50000 AS k, count(*) AS n, \
+             sum(CAST(substr(event_id, 2) AS BIGINT)) AS total, \
+             min(CAST(substr(event_id, 2) AS BIGINT)) AS first \
+             FROM events GROUP BY CAST(substr(event_id, 2) AS BIGINT) % 50000",
+        )
+        .output_mode(OutputMode::Complete)
+        .sink(Arc::new(sink.clone()))
+        .checkpoint(dir.path().join("ckpt").to_str().unwrap())
+        .trigger(Trigger::AvailableNow)
+        .start()
+        .await
+        .unwrap()
+        .await_termination()
+        .await
+        .unwrap();
+    assert_eq!(summary.batches, 2);
+    let mut groups: Vec<(i64, i64, i64, i64)> = Vec::new();
+    for b in sink.batches() {
+        let col = |i: usize| b.column(i).as_primitive::<arrow::datatypes::Int64Type>();
+        let (k, n, total, first) = (col(0), col(1), col(2), col(3));
+        for i in 0..b.num_rows() {
+            groups.push((k.value(i), n.value(i), total.value(i), first.value(i)));
+        }
+    }
+    groups.sort();
+    // Group k holds rows k, k + 50,000 and k + 100,000.
+    let expected: Vec<(i64, i64, i64, i64)> =
+        (0..50_000).map(|k| (k, 3, 3 * k + 150_000, k)).collect();
+    assert_eq!(groups.len(), expected.len());
+    assert_eq!(groups, expected);
+}
