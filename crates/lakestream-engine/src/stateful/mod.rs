@@ -11,7 +11,9 @@
 //! 2. a `Partial` aggregation of the remaining rows gives each group's
 //!    partial state for this batch;
 //! 3. those are merged (`PartialReduce`) with the stored states of the same
-//!    groups only, so a batch costs what it touches, not the state's size;
+//!    groups only, so a batch costs what it touches, not the state's size,
+//!    a slice of keys at a time, so a batch touching many groups holds one
+//!    slice's merge at once;
 //! 4. in `append` mode the groups whose window ended at or before the
 //!    watermark are evicted and finalized (`Final`): they are the batch's
 //!    output, written once, never updated;
