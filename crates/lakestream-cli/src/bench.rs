@@ -285,6 +285,13 @@ fn snapshot_arrow_bytes(ckpt: &Path) -> anyhow::Result<u64> {
     Ok(total)
 }
 
+/// The stream the state workloads read: one file per batch, event time
+/// `ts` with a one-minute watermark.
+const STATE_EVENTS: &str =
+    "CREATE UNBOUNDED EXTERNAL TABLE events (user_id BIGINT, amount DOUBLE, ts TIMESTAMP)
+     STORED AS JSON LOCATION 'events/'
+     OPTIONS ('max_files_per_trigger' '1', 'event_time' 'ts', 'watermark_delay' '1 minute');";
+
 /// Tiny batches (10 rows) against `groups` open groups of a windowed
 /// aggregation (one day-long window, one group per user): `opening`
 /// batches of `first_rows / opening` rows each (`first_rows` at least
@@ -323,12 +330,12 @@ fn state_cost(
     }
     std::fs::write(
         dir.join("state.sql"),
-        "CREATE UNBOUNDED EXTERNAL TABLE events (user_id BIGINT, amount DOUBLE, ts TIMESTAMP)
-         STORED AS JSON LOCATION 'events/'
-         OPTIONS ('max_files_per_trigger' '1', 'event_time' 'ts', 'watermark_delay' '1 minute');
-         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';
-         INSERT INTO out SELECT window.start AS day, user_id, count(*) AS n, sum(amount) AS total
-         FROM events GROUP BY window(ts, '1 day'), user_id;",
+        format!(
+            "{STATE_EVENTS}
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';
+             INSERT INTO out SELECT window.start AS day, user_id, count(*) AS n, sum(amount) AS total
+             FROM events GROUP BY window(ts, '1 day'), user_id;"
+        ),
     )?;
     // Peak memory moves by several MiB between runs of one job here: the
     // figure is the median of `runs` runs, each from a new checkpoint (the
@@ -370,6 +377,32 @@ fn state_cost(
         peak_rss: peaks[peaks.len() / 2],
         arrow_bytes: snapshot_arrow_bytes(&dir.join("ckpt"))?,
     })
+}
+
+/// The peak RSS (median of `runs` runs) of the stateless job over the
+/// input [`state_cost`] wrote in `dir`, in the same batches: each row
+/// projected into the table, no state kept. What the state costs is the
+/// stateful run's peak above this one.
+fn stateless_peak(dir: &Path, runs: usize) -> anyhow::Result<u64> {
+    std::fs::write(
+        dir.join("stateless.sql"),
+        format!(
+            "{STATE_EVENTS}
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'stateless-out';
+             INSERT INTO out SELECT ts AS day, user_id, 1 AS n, amount AS total FROM events;"
+        ),
+    )?;
+    let mut peaks = Vec::new();
+    for _ in 0..runs.max(1) {
+        for made in ["stateless-ckpt", "stateless-out"] {
+            if dir.join(made).exists() {
+                std::fs::remove_dir_all(dir.join(made))?;
+            }
+        }
+        peaks.push(run_job(dir, "stateless.sql", "stateless-ckpt")?.peak_rss);
+    }
+    peaks.sort_unstable();
+    Ok(peaks[peaks.len() / 2])
 }
 
 /// The batch times (ms) of run `r` after its first `skip` batches, which
@@ -810,6 +843,34 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         figure(
             "ratio.state_rss_over_arrow_one_batch",
             over_arrow(&large_one, &small_one),
+            "x",
+        );
+        // Against the baseline the target names: the stateless job over the
+        // same input in the same batches (the small run's batches are a
+        // hundredth of the size, so the figures above also count what a
+        // large batch holds).
+        let stateless = stateless_peak(&dir.join("state-large"), runs)?;
+        let stateless_one = stateless_peak(&dir.join("state-large-one"), runs)?;
+        figure("state.stateless_peak_rss", mib(stateless), "MiB");
+        figure(
+            "state.stateless_one_batch_peak_rss",
+            mib(stateless_one),
+            "MiB",
+        );
+        let over_stateless = |large: &StateCost, base: u64| {
+            format!(
+                "{:.2}",
+                large.peak_rss.saturating_sub(base) as f64 / large.arrow_bytes.max(1) as f64
+            )
+        };
+        figure(
+            "ratio.state_rss_over_arrow_beyond_stateless",
+            over_stateless(&large_ms, stateless),
+            "x",
+        );
+        figure(
+            "ratio.state_rss_over_arrow_one_batch_beyond_stateless",
+            over_stateless(&large_one, stateless_one),
             "x",
         );
     }

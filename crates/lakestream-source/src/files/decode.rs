@@ -117,6 +117,9 @@ pub(super) struct TextOptions {
     /// Stop at fields the schema lacks (`schema_evolution
     /// 'add_new_columns'`, JSON).
     pub(super) evolve: bool,
+    /// Only the lines starting in this byte range (JSON lines, not
+    /// compressed); `None`: the whole file.
+    pub(super) range: Option<std::ops::Range<u64>>,
 }
 
 pub(super) async fn text_stream(
@@ -132,9 +135,17 @@ pub(super) async fn text_stream(
         compression,
         rejects,
         evolve,
+        range,
     } = options;
     let path = object_path(&entry.path);
-    let chunks = decompressed(ranged_chunks(store.clone(), path, entry.size), compression);
+    let bytes = match range {
+        None => 0..entry.size,
+        Some(r) => {
+            let line = |at| line_start(&name, &store, &entry, at);
+            line(r.start).await?..line(r.end).await?
+        }
+    };
+    let chunks = decompressed(ranged_chunks(store.clone(), path, bytes), compression);
     let decoder =
         TextDecoder::new(&format, schema.clone(), batch_size, evolve).map_err(|reason| {
             Error::Schema {
@@ -453,6 +464,41 @@ fn decode_line(d: &mut TextDecoder, line: &[u8]) -> Result<(), arrow::error::Arr
     Ok(())
 }
 
+/// Where the first line starting at or after byte `at` of `entry` begins:
+/// just past the first newline at or after `at - 1` (0 for 0, the file's
+/// size when no line starts there). A range `a..b` of a file then owns the
+/// lines starting in it: `line_start(a)..line_start(b)`, so ranges that
+/// tile a file read each of its lines exactly once.
+pub(super) async fn line_start(
+    name: &str,
+    store: &Arc<dyn ObjectStore>,
+    entry: &FileEntry,
+    at: u64,
+) -> Result<u64> {
+    const PROBE: u64 = 64 << 10;
+    if at == 0 || at >= entry.size {
+        return Ok(at.min(entry.size));
+    }
+    let path = object_path(&entry.path);
+    let mut from = at - 1;
+    while from < entry.size {
+        let to = (from + PROBE).min(entry.size);
+        let bytes = store
+            .get_range(&path, from..to)
+            .await
+            .map_err(|source| Error::Store {
+                source_name: name.to_string(),
+                file: entry.path.clone(),
+                source,
+            })?;
+        if let Some(i) = bytes.iter().position(|b| *b == b'\n') {
+            return Ok(from + i as u64 + 1);
+        }
+        from = to;
+    }
+    Ok(entry.size)
+}
+
 /// Bytes read per request. Large reads keep per-request overhead (a blocking
 /// task on local disks, a round trip on object stores) negligible.
 pub(super) const READ_CHUNK: u64 = 4 << 20;
@@ -462,11 +508,12 @@ pub(super) const READ_CHUNK: u64 = 4 << 20;
 pub(super) fn ranged_chunks(
     store: Arc<dyn ObjectStore>,
     path: Path,
-    size: u64,
+    bytes: std::ops::Range<u64>,
 ) -> BoxStream<'static, object_store::Result<Bytes>> {
-    let ranges: Vec<std::ops::Range<u64>> = (0..size)
+    let end = bytes.end;
+    let ranges: Vec<std::ops::Range<u64>> = bytes
         .step_by(READ_CHUNK as usize)
-        .map(|a| a..(a + READ_CHUNK).min(size))
+        .map(|a| a..(a + READ_CHUNK).min(end))
         .collect();
     stream::iter(ranges)
         .map(move |r| {

@@ -12,6 +12,9 @@
 //! (gzip and zstd text files are decompressed on the way), Parquet row group
 //! by row group, and a few files per partition are read at once so batches
 //! of many small files on object stores are not bound by request latency.
+//! A batch of uncompressed JSON lines is cut into equal byte shares, one per
+//! partition, at line boundaries, so partitions finish together however few
+//! files the batch holds.
 //! Writers should put files in place atomically (write elsewhere, then rename
 //! or upload in one request): a half-written file that is listed is read as
 //! it is.
@@ -494,7 +497,19 @@ impl FileSource {
         })
     }
 
-    fn file_stream(&self, entry: FileEntry) -> BatchStream {
+    /// Whether a batch of `files` may be cut into line ranges: JSON lines
+    /// read as they are (not compressed), failing on a bad line (dead
+    /// letters keep the line-by-line fallback of whole files).
+    fn splittable(&self, files: &[FileEntry]) -> bool {
+        self.options.format == FileFormat::Json
+            && self.options.on_error == OnError::Fail
+            && files
+                .iter()
+                .all(|f| self.options.compression.for_path(&f.path) == TextCompression::None)
+    }
+
+    fn file_stream(&self, piece: Piece) -> BatchStream {
+        let Piece { entry, range } = piece;
         let store = self.location.store().clone();
         let schema = self.file_schema.clone();
         let name = self.name.clone();
@@ -518,7 +533,22 @@ impl FileSource {
             // The size is re-read rather than taken from the plan: a file
             // rewritten in place (fixing a malformed record) is read whole.
             let Some(meta) = present(&name, &entry, store.head(&path).await)? else {
+                // Reported once, by the file's first piece.
+                if range.as_ref().is_some_and(|r| r.start > 0) {
+                    return Ok(stream::empty().boxed());
+                }
                 return vanished(&name, &entry, missing.as_ref());
+            };
+            // A file rewritten since the plan is read whole, by its first
+            // piece.
+            let range = match range {
+                Some(r) if meta.size != entry.size => {
+                    if r.start > 0 {
+                        return Ok(stream::empty().boxed());
+                    }
+                    None
+                }
+                r => r,
             };
             let entry = FileEntry {
                 size: meta.size,
@@ -533,6 +563,7 @@ impl FileSource {
                         compression,
                         rejects,
                         evolve,
+                        range,
                     };
                     text_stream(name, store, entry, schema, options).await
                 }
@@ -804,34 +835,27 @@ impl Source for FileSource {
         partitions: usize,
     ) -> Result<Vec<BatchStream>> {
         let end = self.parse_offset(end)?;
-        let partitions = partitions.max(1).min(end.files.len().max(1));
-        let mut groups: Vec<Vec<FileEntry>> = vec![Vec::new(); partitions];
-        // Spread by size so partitions finish together: largest file to the
-        // lightest group.
-        let mut order: Vec<FileEntry> = end.files;
-        order.sort_by(|a, b| b.size.cmp(&a.size).then(a.path.cmp(&b.path)));
-        let mut load = vec![0u64; partitions];
-        for f in order {
-            let i = (0..partitions).min_by_key(|i| load[*i]).unwrap_or(0);
-            load[i] += f.size;
-            groups[i].push(f);
-        }
+        let groups = if self.splittable(&end.files) {
+            split_by_bytes(end.files, partitions.max(1))
+        } else {
+            spread_by_size(end.files, partitions)
+        };
         Ok(groups
             .into_iter()
-            .map(|files| {
+            .map(|pieces| {
                 // A few small files at once: they are bound by request
                 // latency, not bandwidth. A large file already overlaps its
                 // requests (read-ahead), and reading several at once would
                 // only multiply the memory held.
-                let total: u64 = files.iter().map(|f| f.size).sum();
-                let small = total < READ_CHUNK * files.len() as u64;
+                let total: u64 = pieces.iter().map(Piece::len).sum();
+                let small = total < READ_CHUNK * pieces.len() as u64;
                 let concurrency = if small {
                     self.options.read_concurrency.max(1)
                 } else {
                     1
                 };
                 let streams: Vec<BatchStream> =
-                    files.into_iter().map(|f| self.file_stream(f)).collect();
+                    pieces.into_iter().map(|p| self.file_stream(p)).collect();
                 stream::iter(streams).flatten_unordered(concurrency).boxed()
             })
             .collect())
@@ -847,6 +871,92 @@ impl Source for FileSource {
             Err(_) => "files ?".into(),
         }
     }
+}
+
+/// Bytes below which a file is not cut between partitions: a piece costs
+/// two small reads to find its line boundaries.
+const MIN_PIECE: u64 = 1 << 20;
+
+/// A batch's file, or the lines whose first byte lies in `range` of it
+/// (`None`: the whole file). The range is of the size the plan listed.
+#[derive(Debug, Clone)]
+struct Piece {
+    entry: FileEntry,
+    range: Option<std::ops::Range<u64>>,
+}
+
+impl Piece {
+    fn whole(entry: FileEntry) -> Self {
+        Self { entry, range: None }
+    }
+
+    fn len(&self) -> u64 {
+        self.range
+            .as_ref()
+            .map_or(self.entry.size, |r| r.end - r.start)
+    }
+}
+
+/// Whole files over `partitions` groups, largest first to the lightest
+/// group, so groups finish together when files cannot be cut.
+fn spread_by_size(files: Vec<FileEntry>, partitions: usize) -> Vec<Vec<Piece>> {
+    let partitions = partitions.max(1).min(files.len().max(1));
+    let mut groups: Vec<Vec<Piece>> = vec![Vec::new(); partitions];
+    let mut order = files;
+    order.sort_by(|a, b| b.size.cmp(&a.size).then(a.path.cmp(&b.path)));
+    let mut load = vec![0u64; partitions];
+    for f in order {
+        let i = (0..partitions).min_by_key(|i| load[*i]).unwrap_or(0);
+        load[i] += f.size;
+        groups[i].push(Piece::whole(f));
+    }
+    groups
+}
+
+/// The batch's bytes in `partitions` groups of equal size: the files in
+/// plan order, cut where a group is full (never into a piece smaller than
+/// [`MIN_PIECE`]), so every partition has the same work however many files
+/// the batch holds (five equal files over two partitions would otherwise
+/// leave one core idle for a fifth of the batch).
+fn split_by_bytes(files: Vec<FileEntry>, partitions: usize) -> Vec<Vec<Piece>> {
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    let share = total.div_ceil(partitions as u64).max(1);
+    let mut groups: Vec<Vec<Piece>> = vec![Vec::new()];
+    let mut room = share;
+    for f in files {
+        let mut at = 0;
+        while at < f.size {
+            let left = f.size - at;
+            let last = groups.len() == partitions;
+            let to = if last || left <= room.saturating_add(MIN_PIECE) {
+                // The rest of the file fits (give or take a small piece).
+                f.size
+            } else if room >= MIN_PIECE {
+                at + room
+            } else {
+                // Too little room for a piece: the group is full.
+                at
+            };
+            if to > at {
+                let range = (at > 0 || to < f.size).then_some(at..to);
+                let piece = Piece {
+                    entry: f.clone(),
+                    range,
+                };
+                groups.last_mut().expect("a group").push(piece);
+                room = room.saturating_sub(to - at);
+                at = to;
+            } else {
+                room = 0;
+            }
+            if room == 0 && !last {
+                groups.push(Vec::new());
+                room = share;
+            }
+        }
+    }
+    groups.retain(|g| !g.is_empty());
+    groups
 }
 
 #[cfg(test)]
@@ -882,6 +992,152 @@ mod tests {
             .map(|i| format!("{{\"id\": \"{name}-{i}\", \"n\": {i}}}\n"))
             .collect();
         std::fs::write(dir.join(name), body).unwrap();
+    }
+
+    fn entry(path: &str, size: u64) -> FileEntry {
+        FileEntry {
+            path: path.into(),
+            size,
+            mtime_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_cut_into_equal_shares_and_every_byte_is_in_one_piece() {
+        let mb = 1 << 20;
+        for (sizes, partitions) in [
+            (vec![11 * mb; 5], 2),
+            (vec![11 * mb; 5], 3),
+            (vec![3 * mb, 40 * mb, 2 * mb, 500, 7 * mb], 2),
+            (vec![100, 200, 300], 2),
+            (vec![mb + 10; 7], 4),
+        ] {
+            let files: Vec<FileEntry> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| entry(&format!("f{i}"), *s))
+                .collect();
+            let total: u64 = sizes.iter().sum();
+            let groups = split_by_bytes(files, partitions);
+            assert!(groups.len() <= partitions);
+            // Each file's pieces tile it, in order.
+            for (i, size) in sizes.iter().enumerate() {
+                let mut at = 0;
+                for p in groups
+                    .iter()
+                    .flatten()
+                    .filter(|p| p.entry.path == format!("f{i}"))
+                {
+                    let r = p.range.clone().unwrap_or(0..*size);
+                    assert_eq!(r.start, at, "{sizes:?}: file {i}");
+                    assert!(r.end > r.start);
+                    if p.range.is_some() {
+                        assert!(r.end - r.start >= MIN_PIECE, "{sizes:?}: {r:?}");
+                    }
+                    at = r.end;
+                }
+                assert_eq!(at, *size, "{sizes:?}: file {i}");
+            }
+            // Shares are equal to within a small piece when the batch is
+            // large enough to cut.
+            if total >= partitions as u64 * 4 * MIN_PIECE {
+                assert_eq!(groups.len(), partitions);
+                let share = total / partitions as u64;
+                for g in &groups {
+                    let bytes: u64 = g.iter().map(Piece::len).sum();
+                    assert!(
+                        bytes.abs_diff(share) <= MIN_PIECE,
+                        "{sizes:?}: {bytes} of {share}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn line_ranges_tile_a_file_line_by_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = b"ab\ncd\n\nlonger line\nlast";
+        std::fs::write(dir.path().join("f.json"), body).unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let e = entry("f.json", body.len() as u64);
+        let mut starts = Vec::new();
+        for at in 0..=body.len() as u64 + 1 {
+            starts.push(decode::line_start("t", &store, &e, at).await.unwrap());
+        }
+        // A line start maps to itself; any other byte to the next start.
+        assert_eq!(
+            starts,
+            [
+                0, 3, 3, 3, 6, 6, 6, 7, 19, 19, 19, 19, 19, 19, 19, 19, 19, 19, 19, 19, 23, 23, 23,
+                23, 23
+            ]
+        );
+    }
+
+    /// Lines of different lengths, `{"id": "<name>-<i>", "n": <i>}`.
+    fn write_varied(dir: &std::path::Path, name: &str, lines: usize) {
+        let body: String = (0..lines)
+            .map(|i| format!("{{\"id\": \"{name}-{i}\", \"n\": {}}}\n", i * i % 100_003))
+            .collect();
+        std::fs::write(dir.join(name), body).unwrap();
+    }
+
+    async fn ids_by_partition(src: &FileSource, end: &Offset) -> Vec<Vec<String>> {
+        let mut out = Vec::new();
+        for s in src.read(None, end, 2).unwrap() {
+            let batches: Vec<RecordBatch> = s.try_collect().await.unwrap();
+            let mut ids = Vec::new();
+            for b in &batches {
+                let col = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+                ids.extend(col.iter().map(|v| v.unwrap().to_string()));
+            }
+            out.push(ids);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_few_large_files_reads_every_line_once_in_equal_partitions() {
+        let dir = tempfile::tempdir().unwrap();
+        // Five files of about 3 MiB: two partitions of whole files would
+        // read three and two.
+        for i in 0..5 {
+            write_varied(dir.path(), &format!("f{i}.json"), 100_000);
+        }
+        let mut opts = FileSourceOptions::new(FileFormat::Json);
+        opts.max_bytes_per_trigger = None;
+        let src = FileSource::try_new(
+            "t",
+            dir.path().to_str().unwrap(),
+            &HashMap::new(),
+            schema(),
+            opts,
+        )
+        .unwrap();
+        let end = src.plan(None).await.unwrap().unwrap();
+        let parts = ids_by_partition(&src, &end).await;
+        assert_eq!(parts.len(), 2);
+        let (a, b) = (parts[0].len(), parts[1].len());
+        assert!(a.abs_diff(b) * 20 < a + b, "rows per partition {a} and {b}");
+        let mut all: Vec<String> = parts.concat();
+        all.sort();
+        let mut want: Vec<String> = (0..5)
+            .flat_map(|f| (0..100_000).map(move |i| format!("f{f}.json-{i}")))
+            .collect();
+        want.sort();
+        assert_eq!(all.len(), want.len());
+        assert!(all == want, "a line read twice or not at all");
+        // A file rewritten after the plan is read whole, once.
+        write_varied(dir.path(), "f2.json", 90_000);
+        let parts = ids_by_partition(&src, &end).await;
+        let f2 = parts
+            .concat()
+            .into_iter()
+            .filter(|id| id.starts_with("f2.json-"))
+            .count();
+        assert_eq!(f2, 90_000);
     }
 
     #[tokio::test]
