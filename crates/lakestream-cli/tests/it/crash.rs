@@ -46,6 +46,68 @@ fn sigkill_at_random_moments_then_restart_keeps_every_row_exactly_once() {
     assert_eq!(report["batches_in_table"], 60, "{report}");
 }
 
+#[test]
+fn sigkill_while_large_files_are_read_in_line_ranges_keeps_every_row_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    // Six files of about 2.7 MiB, one per batch: each batch is cut into two
+    // line ranges, one per core, so a kill lands while both are read.
+    let expected = {
+        let mut v = write_events(&input, 0, 6, 25_000);
+        v.sort();
+        v
+    };
+    // A run without kills: two writers per one-day batch, so each file was
+    // read by both partitions.
+    std::fs::write(
+        dir.join("clean.sql"),
+        events_job(&input, &dir.join("clean"), 1),
+    )
+    .unwrap();
+    let o = run_available_now(dir, "clean.sql", "clean_ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let parquet = walkdir(&dir.join("clean"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .count();
+    assert_eq!(parquet, 12, "two files per batch, one per line range");
+    assert_exactly_once(&read_py(&dir.join("clean")), &expected);
+    std::fs::write(dir.join("job.sql"), events_job(&input, &dir.join("out"), 1)).unwrap();
+    let kills = kill_until_done(
+        dir,
+        &RUN_JOB,
+        &[],
+        6,
+        clock_seed(),
+        Duration::from_secs(240),
+    );
+    assert!(kills >= 2, "only {kills} kills landed");
+    assert_exactly_once(&read_py(&dir.join("out")), &expected);
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
+    assert!(
+        o.status.success(),
+        "verify after {kills} kills: {}",
+        text(&o)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["batches_in_table"], 6, "{report}");
+}
+
+/// Every file under `dir`, recursively.
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walkdir(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// A windowed aggregation in output mode `mode`, killed at random moments
 /// and restarted until done, ends with the table a run without kills
 /// writes.
