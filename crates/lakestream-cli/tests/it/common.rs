@@ -293,6 +293,19 @@ pub(crate) fn killed_run_writes_the_clean_table(
     (clean, kills)
 }
 
+/// `lakestream verify` of the checkpoint `ckpt` in `dir` passes after
+/// `kills` kills, and finds `batches` batches in the table, each once.
+pub(crate) fn assert_verified_batches(dir: &Path, kills: usize, batches: u64) {
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
+    assert!(
+        o.status.success(),
+        "verify after {kills} kills: {}",
+        text(&o)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["batches_in_table"], batches, "{report}");
+}
+
 /// A seed for a randomized test, from the clock (printed by the test).
 pub(crate) fn clock_seed() -> u64 {
     std::time::SystemTime::now()

@@ -36,14 +36,7 @@ fn sigkill_at_random_moments_then_restart_keeps_every_row_exactly_once() {
     assert_eq!(ours[0]["d"], expected.len() as u64);
     // Table and checkpoint agree batch by batch: 60 batches, each once,
     // each starting where the one before it ended.
-    let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
-    assert!(
-        o.status.success(),
-        "verify after {kills} kills: {}",
-        text(&o)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(report["batches_in_table"], 60, "{report}");
+    assert_verified_batches(dir, kills, 60);
 }
 
 #[test]
@@ -84,14 +77,7 @@ fn sigkill_while_large_files_are_read_in_line_ranges_keeps_every_row_exactly_onc
     );
     assert!(kills >= 2, "only {kills} kills landed");
     assert_exactly_once(&read_py(&dir.join("out")), &expected);
-    let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
-    assert!(
-        o.status.success(),
-        "verify after {kills} kills: {}",
-        text(&o)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(report["batches_in_table"], 6, "{report}");
+    assert_verified_batches(dir, kills, 6);
 }
 
 /// Every file under `dir`, recursively.
