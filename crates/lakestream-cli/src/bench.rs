@@ -251,6 +251,8 @@ struct StateCost {
     max: f64,
     /// The state's bytes as the store counts them (its row encoding).
     bytes: u64,
+    /// The memory the store says its keys and values take.
+    memory: u64,
     /// The run's peak resident memory.
     peak_rss: u64,
     /// The Arrow size of the open groups' keys and partial states, read
@@ -368,12 +370,18 @@ fn state_cost(
         .last()
         .and_then(|p| p["state"]["bytes"].as_u64())
         .unwrap_or(0);
+    let memory = r
+        .progress
+        .last()
+        .and_then(|p| p["state"]["memory_bytes"].as_u64())
+        .unwrap_or(0);
     totals.sort_by(f64::total_cmp);
     Ok(StateCost {
         median: percentile(&totals, 0.5),
         p90: percentile(&totals, 0.9),
         max: totals.last().copied().unwrap_or_default(),
         bytes,
+        memory,
         peak_rss: peaks[peaks.len() / 2],
         arrow_bytes: snapshot_arrow_bytes(&dir.join("ckpt"))?,
     })
@@ -805,6 +813,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         figure("state.large_max", format!("{:.2}", large_ms.max), "ms");
         let mib = |b: u64| format!("{:.1}", b as f64 / (1 << 20) as f64);
         figure("state.large_bytes", mib(large_ms.bytes), "MiB");
+        figure("state.large_memory", mib(large_ms.memory), "MiB");
         figure("state.large_arrow_bytes", mib(large_ms.arrow_bytes), "MiB");
         figure("state.small_peak_rss", mib(small_ms.peak_rss), "MiB");
         figure("state.large_peak_rss", mib(large_ms.peak_rss), "MiB");

@@ -90,6 +90,7 @@ pub struct Metrics {
     watermark_delay: Family<Query, FloatGauge>,
     state_rows: Family<Operator, Gauge>,
     state_bytes: Family<Operator, Gauge>,
+    state_memory: Family<Operator, Gauge>,
     rows_dropped_late: Family<Query, Counter>,
     last_batch: Family<Query, Gauge>,
     table_version: Family<Query, Gauge>,
@@ -131,6 +132,7 @@ impl Metrics {
             watermark_delay: Family::default(),
             state_rows: Family::default(),
             state_bytes: Family::default(),
+            state_memory: Family::default(),
             rows_dropped_late: Family::default(),
             last_batch: Family::default(),
             table_version: Family::default(),
@@ -223,6 +225,11 @@ impl Metrics {
             "lakestream_state_bytes",
             "Bytes of keys and values held by a stateful operator",
             m.state_bytes.clone(),
+        );
+        registry.register(
+            "lakestream_state_memory_bytes",
+            "Bytes of memory a stateful operator's keys and values take as held",
+            m.state_memory.clone(),
         );
         registry.register(
             "lakestream_rows_dropped_by_watermark",
@@ -367,6 +374,9 @@ impl Metrics {
             };
             self.state_rows.get_or_create(&op).set(st.rows as i64);
             self.state_bytes.get_or_create(&op).set(st.bytes as i64);
+            self.state_memory
+                .get_or_create(&op)
+                .set(st.memory_bytes as i64);
             self.rows_dropped_late
                 .get_or_create(&q)
                 .inc_by(st.rows_dropped_by_watermark);

@@ -293,7 +293,7 @@ impl BatchProgress {
                     "numRowsTotal": st.rows,
                     "numRowsUpdated": st.rows_updated,
                     "numRowsRemoved": st.rows_evicted,
-                    "memoryUsedBytes": st.bytes,
+                    "memoryUsedBytes": st.memory_bytes,
                     "numRowsDroppedByWatermark": st.rows_dropped_by_watermark,
                     "customMetrics": { "numRowsWithoutEventTime": st.rows_without_event_time },
                 })

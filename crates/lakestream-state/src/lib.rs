@@ -21,9 +21,10 @@
 //!   missing.
 //!
 //! In memory, each bucket keeps its keys and values (arrow-row encoded) in
-//! one arena with a hash table of offsets; files are read and written an
-//! Arrow batch at a time, so neither a load nor a commit holds a second
-//! copy of a large state.
+//! one arena with a hash table of offsets, and the bytes all its keys
+//! begin with (a window's bucket: the window) once, not in every entry;
+//! files are read and written an Arrow batch at a time, so neither a load
+//! nor a commit holds a second copy of a large state.
 //!
 //! Both are Arrow IPC files of the state's columns plus
 //! `__lakestream_bucket` (Int64) and `__lakestream_removed` (Boolean); the
@@ -206,6 +207,15 @@ fn entry_at(data: &[u8], at: usize) -> (&[u8], &[u8], usize) {
 /// (every fixed-width aggregate) is overwritten in place; otherwise the
 /// old entry becomes dead bytes, and the arena is compacted once they
 /// outweigh the live ones.
+///
+/// The bytes every key of the bucket begins with are kept once, in
+/// `prefix`, and each entry holds the rest of its key. In a window's
+/// bucket that is the window itself (every group of a bucket shares its
+/// window, and the window comes first in the key when it comes first in
+/// the `GROUP BY`) and the high bytes of integer keys. The first key sets
+/// the prefix; a key that differs from it cuts it short, and every entry
+/// is rewritten once with the bytes it no longer shares (at most once per
+/// byte of the key over the bucket's life, so rare and bounded).
 #[derive(Default)]
 struct Rows {
     data: Vec<u8>,
@@ -213,38 +223,88 @@ struct Rows {
     /// Bytes of `data` no live entry uses.
     dead: usize,
     hasher: std::hash::RandomState,
+    /// The bytes every key held begins with.
+    prefix: Vec<u8>,
 }
 
 impl Rows {
-    fn hash(&self, key: &[u8]) -> u64 {
+    fn hash(&self, rest: &[u8]) -> u64 {
         use std::hash::BuildHasher;
-        self.hasher.hash_one(key)
+        self.hasher.hash_one(rest)
     }
 
+    /// The offset of the entry of `key`, if held.
     fn find(&self, key: &[u8]) -> Option<usize> {
+        let rest = key.strip_prefix(&self.prefix[..])?;
         self.table
-            .find(self.hash(key), |&at| {
-                entry_at(&self.data, unpack(at)).0 == key
+            .find(self.hash(rest), |&at| {
+                entry_at(&self.data, unpack(at)).0 == rest
             })
             .map(|&at| unpack(at))
     }
 
-    fn append(data: &mut Vec<u8>, key: &[u8], value: &[u8]) -> Offset {
+    fn append(data: &mut Vec<u8>, rest: &[u8], value: &[u8]) -> Offset {
         let at = pack(data.len());
-        put_len(data, key.len());
+        put_len(data, rest.len());
         put_len(data, value.len());
-        data.extend_from_slice(key);
+        data.extend_from_slice(rest);
         data.extend_from_slice(value);
         at
     }
 
+    /// Make `key` begin with the prefix: the first key of an empty bucket
+    /// becomes it; a key differing from it cuts it to what they share.
+    fn fit_prefix(&mut self, key: &[u8]) {
+        if self.table.is_empty() {
+            self.data.clear();
+            self.dead = 0;
+            self.prefix.clear();
+            self.prefix.extend_from_slice(key);
+            return;
+        }
+        if key.starts_with(&self.prefix) {
+            return;
+        }
+        let shared = self
+            .prefix
+            .iter()
+            .zip(key)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let moved = self.prefix.split_off(shared);
+        let mut data =
+            Vec::with_capacity(self.data.len() - self.dead + self.table.len() * moved.len());
+        let mut rest = Vec::new();
+        let mut offsets = Vec::with_capacity(self.table.len());
+        for &at in self.table.iter() {
+            let (k, v, _) = entry_at(&self.data, unpack(at));
+            rest.clear();
+            rest.extend_from_slice(&moved);
+            rest.extend_from_slice(k);
+            offsets.push(Self::append(&mut data, &rest, v));
+        }
+        self.data = data;
+        self.dead = 0;
+        self.table.clear();
+        let (data, hasher) = (&self.data, &self.hasher);
+        let hash = |a: &Offset| {
+            use std::hash::BuildHasher;
+            hasher.hash_one(entry_at(data, unpack(*a)).0)
+        };
+        for at in offsets {
+            self.table.insert_unique(hash(&at), at, hash);
+        }
+    }
+
     /// Set `key`'s value; the replaced value's length, if any.
     fn insert(&mut self, key: &[u8], value: &[u8]) -> Option<usize> {
-        let hash = self.hash(key);
+        self.fit_prefix(key);
+        let rest = &key[self.prefix.len()..];
+        let hash = self.hash(rest);
         let data = &mut self.data;
         match self
             .table
-            .find_mut(hash, |&at| entry_at(data, unpack(at)).0 == key)
+            .find_mut(hash, |&at| entry_at(data, unpack(at)).0 == rest)
         {
             Some(at) => {
                 let (_, old, len) = entry_at(data, unpack(*at));
@@ -254,13 +314,13 @@ impl Rows {
                     data[end - old..end].copy_from_slice(value);
                 } else {
                     self.dead += len;
-                    *at = Self::append(data, key, value);
+                    *at = Self::append(data, rest, value);
                     self.compact_if_sparse();
                 }
                 Some(old)
             }
             None => {
-                let at = Self::append(data, key, value);
+                let at = Self::append(data, rest, value);
                 let hasher = &self.hasher;
                 self.table.insert_unique(hash, at, |&a| {
                     use std::hash::BuildHasher;
@@ -273,11 +333,12 @@ impl Rows {
 
     /// Remove `key`; its value's length, if it was held.
     fn remove(&mut self, key: &[u8]) -> Option<usize> {
-        let hash = self.hash(key);
+        let rest = key.strip_prefix(&self.prefix[..])?;
+        let hash = self.hash(rest);
         let data = &self.data;
         let entry = self
             .table
-            .find_entry(hash, |&at| entry_at(data, unpack(at)).0 == key)
+            .find_entry(hash, |&at| entry_at(data, unpack(at)).0 == rest)
             .ok()?;
         let (at, _) = entry.remove();
         let (_, old, len) = entry_at(&self.data, unpack(at));
@@ -286,6 +347,7 @@ impl Rows {
         if self.table.is_empty() {
             self.data = Vec::new();
             self.dead = 0;
+            self.prefix = Vec::new();
         } else {
             self.compact_if_sparse();
         }
@@ -309,15 +371,8 @@ impl Rows {
         self.dead = 0;
     }
 
-    fn get_key_value(&self, key: &[u8]) -> Option<(&[u8], &[u8])> {
-        self.find(key).map(|at| {
-            let (k, v, _) = entry_at(&self.data, at);
-            (k, v)
-        })
-    }
-
     fn get(&self, key: &[u8]) -> Option<&[u8]> {
-        self.get_key_value(key).map(|(_, v)| v)
+        self.find(key).map(|at| entry_at(&self.data, at).1)
     }
 
     fn contains_key(&self, key: &[u8]) -> bool {
@@ -328,15 +383,21 @@ impl Rows {
         self.table.is_empty()
     }
 
-    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    /// The bytes every key held begins with.
+    fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// Every entry as (its key without [`Self::prefix`], its value).
+    fn entries(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.table.iter().map(|&at| {
             let (k, v, _) = entry_at(&self.data, unpack(at));
             (k, v)
         })
     }
 
-    /// Every entry, ordered by key (what a state file holds, so a replay
-    /// writes the same bytes).
+    /// Every entry as [`Self::entries`] gives it, ordered by key (what a
+    /// state file holds, so a replay writes the same bytes).
     fn sorted(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         let key = |at: Offset| entry_at(&self.data, unpack(at)).0;
         let mut order: Vec<Offset> = self.table.iter().copied().collect();
@@ -345,6 +406,39 @@ impl Rows {
             let (k, v, _) = entry_at(&self.data, unpack(at));
             (k, v)
         })
+    }
+}
+
+/// Whole keys built from a bucket's prefix and its entries' rests, back to
+/// back in one buffer: what decoding keys into Arrow reads.
+#[derive(Default)]
+struct KeyBuf {
+    data: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl KeyBuf {
+    fn push(&mut self, prefix: &[u8], rest: &[u8]) {
+        self.data.extend_from_slice(prefix);
+        self.data.extend_from_slice(rest);
+        self.ends.push(self.data.len());
+    }
+
+    fn clear(&mut self) {
+        self.data.clear();
+        self.ends.clear();
+    }
+
+    fn keys(&self) -> Vec<&[u8]> {
+        let mut start = 0;
+        self.ends
+            .iter()
+            .map(|&end| {
+                let k = &self.data[start..end];
+                start = end;
+                k
+            })
+            .collect()
     }
 }
 
@@ -520,6 +614,10 @@ impl Changes {
     }
 }
 
+/// A row a delta file upserts: its bucket, its key as a prefix and the
+/// rest (see [`Rows`]), its value.
+type Upsert<'a> = (i64, &'a [u8], &'a [u8], &'a [u8]);
+
 /// One operator's keyed state (see the crate docs).
 pub struct StateStore {
     key_rows: Values,
@@ -677,6 +775,17 @@ impl StateStore {
     /// Bytes of the keys and values held (their row encoding).
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Bytes of memory the keys and values take as held: each bucket's
+    /// arena (live and dead entries) and prefix, and its hash table.
+    /// Lower than [`Self::bytes`] when a bucket's keys share their first
+    /// bytes; what the process holds besides is the allocator's.
+    pub fn memory(&self) -> u64 {
+        self.buckets
+            .values()
+            .map(|r| (r.data.len() + r.prefix.len() + r.table.allocation_size()) as u64)
+            .sum()
     }
 
     /// The smallest bucket holding a key, if any.
@@ -839,10 +948,10 @@ impl StateStore {
         let (mut found_keys, mut found_values) = (Vec::new(), Vec::new());
         for (key, &bucket) in keys.iter().zip(buckets) {
             if let Some(rows) = self.buckets.get(&bucket)
-                && let Some((k, v)) = rows.get_key_value(key)
-                && seen.insert(k)
+                && let Some(v) = rows.get(key)
+                && seen.insert((bucket, key))
             {
-                found_keys.push(k);
+                found_keys.push(key);
                 found_values.push(v);
             }
         }
@@ -937,13 +1046,13 @@ impl StateStore {
                 continue;
             };
             for (key, &bucket) in held {
-                if let Some((k, v)) = self
+                if let Some(v) = self
                     .buckets
                     .get(&bucket)
-                    .and_then(|rows| rows.get_key_value(key.as_ref()))
+                    .and_then(|rows| rows.get(key.as_ref()))
                 {
-                    keys.push(k.as_ref());
-                    values.push(v.as_ref());
+                    keys.push(key.as_ref());
+                    values.push(v);
                     buckets.push(bucket);
                 }
             }
@@ -1001,16 +1110,21 @@ impl StateStore {
         if evicted.is_empty() {
             return Ok(None);
         }
-        let (mut keys, mut values): (Vec<&[u8]>, Vec<&[u8]>) = (Vec::new(), Vec::new());
+        let (mut full, mut values, mut of) = (KeyBuf::default(), Vec::new(), Vec::new());
         for (&bucket, rows) in &evicted {
-            for (k, v) in rows.iter() {
-                self.rows -= 1;
-                self.bytes -= (k.len() + v.len()) as u64;
-                self.pending.insert(bucket, k);
-                keys.push(k);
+            for (rest, v) in rows.entries() {
+                full.push(rows.prefix(), rest);
                 values.push(v);
+                of.push(bucket);
             }
         }
+        let keys = full.keys();
+        for (key, &bucket) in keys.iter().zip(&of) {
+            self.pending.insert(bucket, key);
+        }
+        let value_bytes: usize = values.iter().map(|v| v.len()).sum();
+        self.rows -= keys.len() as u64;
+        self.bytes -= (full.data.len() + value_bytes) as u64;
         let batch = self.to_batch(&keys, &values)?;
         if let Some(prefixes) = self.prefixes(&batch).map_err(self.arrow_err())?
             && let Some(index) = &mut self.index
@@ -1024,17 +1138,17 @@ impl StateStore {
 
     /// Every row held, `None` when there is none.
     pub fn all(&self) -> Result<Option<RecordBatch>> {
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        let (mut full, mut values) = (KeyBuf::default(), Vec::new());
         for rows in self.buckets.values() {
-            for (k, v) in rows.iter() {
-                keys.push(k);
+            for (rest, v) in rows.entries() {
+                full.push(rows.prefix(), rest);
                 values.push(v);
             }
         }
-        if keys.is_empty() {
+        if values.is_empty() {
             return Ok(None);
         }
-        self.to_batch(&keys, &values).map(Some)
+        self.to_batch(&full.keys(), &values).map(Some)
     }
 
     fn to_batch(&self, keys: &[&[u8]], values: &[&[u8]]) -> Result<RecordBatch> {
@@ -1061,11 +1175,11 @@ impl StateStore {
     /// when the next is due makes that one skipped, and a failed one only
     /// makes a restart read more deltas.
     pub async fn commit(&mut self, batch_id: u64, meta: serde_json::Value) -> Result<()> {
-        let mut upserts: Vec<(i64, &[u8], &[u8])> = Vec::new();
+        let mut upserts: Vec<Upsert<'_>> = Vec::new();
         let mut removals: Vec<(i64, &[u8])> = Vec::new();
         for (bucket, key) in self.pending.iter() {
             match self.buckets.get(&bucket).and_then(|rows| rows.get(key)) {
-                Some(v) if !self.dirty_all => upserts.push((bucket, key, v)),
+                Some(v) if !self.dirty_all => upserts.push((bucket, key, &[], v)),
                 Some(_) => {} // written below with every row
                 None => removals.push((bucket, key)),
             }
@@ -1128,11 +1242,13 @@ impl StateStore {
         }
     }
 
-    /// Every row held with its bucket, ordered by bucket and key.
-    fn sorted_rows(&self) -> impl Iterator<Item = (i64, &[u8], &[u8])> + Send {
-        self.buckets
-            .iter()
-            .flat_map(|(&bucket, rows)| rows.sorted().map(move |(k, v)| (bucket, k, v)))
+    /// Every row held as (bucket, key prefix, rest of the key, value),
+    /// ordered by bucket and key.
+    fn sorted_rows(&self) -> impl Iterator<Item = Upsert<'_>> + Send {
+        self.buckets.iter().flat_map(|(&bucket, rows)| {
+            rows.sorted()
+                .map(move |(rest, v)| (bucket, rows.prefix(), rest, v))
+        })
     }
 
     /// Write batch `batch_id`'s delta file: `upserts`, then `removals` (a
@@ -1142,7 +1258,7 @@ impl StateStore {
         &'a self,
         batch_id: u64,
         meta: &serde_json::Value,
-        upserts: impl Iterator<Item = (i64, &'a [u8], &'a [u8])> + Send,
+        upserts: impl Iterator<Item = Upsert<'a>> + Send,
         removals: &[(i64, &[u8])],
     ) -> Result<()> {
         let header = serde_json::json!({
@@ -1155,13 +1271,18 @@ impl StateStore {
         });
         let mut out = FileOut::new(&self.files, self.file(batch_id, "delta"), &header)?;
         let schema = out.schema.clone();
-        let mut chunk: Vec<(i64, &[u8], &[u8])> = Vec::with_capacity(CHUNK.min(1024));
+        let mut chunk: Vec<Upsert<'_>> = Vec::with_capacity(CHUNK.min(1024));
+        let mut full = KeyBuf::default();
         let mut upserts = upserts.peekable();
         while upserts.peek().is_some() {
             chunk.clear();
             chunk.extend(upserts.by_ref().take(FILE_CHUNK));
-            let keys: Vec<&[u8]> = chunk.iter().map(|u| u.1).collect();
-            let values: Vec<&[u8]> = chunk.iter().map(|u| u.2).collect();
+            full.clear();
+            for u in &chunk {
+                full.push(u.1, u.2);
+            }
+            let keys = full.keys();
+            let values: Vec<&[u8]> = chunk.iter().map(|u| u.3).collect();
             let mut columns = self.key_rows.decode(&keys).map_err(self.arrow_err())?;
             columns.extend(self.value_rows.decode(&values).map_err(self.arrow_err())?);
             columns.push(Arc::new(Int64Array::from_iter_values(
@@ -1602,8 +1723,10 @@ mod tests {
         for i in 0..10_000u32 {
             assert_eq!(rows.insert(&key(i), &[3; 20]), Some(10));
         }
-        // Dead bytes stay below the live ones.
-        let live = 10_000 * (2 + 9 + 20);
+        // Dead bytes stay below the live ones; every key shares "key-0",
+        // kept once.
+        assert_eq!(rows.prefix(), b"key-0");
+        let live = 10_000 * (2 + 4 + 20);
         assert_eq!(rows.data.len() - rows.dead, live);
         assert!(rows.data.len() <= 2 * live, "{} bytes", rows.data.len());
         assert!(rows.data.len() > full);
@@ -1612,20 +1735,32 @@ mod tests {
         }
         assert_eq!(rows.remove(&key(0)), None);
         // Removing half compacted the arena.
-        let live = 5_000 * (2 + 9 + 20);
+        let live = 5_000 * (2 + 4 + 20);
         assert_eq!(rows.data.len() - rows.dead, live);
         assert!(rows.data.len() < 2 * live, "{}", rows.data.len());
         for i in 0..10_000u32 {
             let want = (i % 2 == 1).then_some(&[3u8; 20][..]);
             assert_eq!(rows.get(&key(i)), want, "key {i}");
         }
-        let sorted: Vec<Vec<u8>> = rows.sorted().map(|(k, _)| k.to_vec()).collect();
+        let whole = |rows: &Rows| -> Vec<Vec<u8>> {
+            rows.sorted()
+                .map(|(rest, _)| [rows.prefix(), rest].concat())
+                .collect()
+        };
         let expected: Vec<Vec<u8>> = (0..10_000u32).filter(|i| i % 2 == 1).map(key).collect();
-        assert_eq!(sorted, expected);
-        // Lengths past one varint byte, offsets past 4 GiB.
+        assert_eq!(whole(&rows), expected);
+        // Lengths past one varint byte, offsets past 4 GiB; a key sharing
+        // nothing with the others rewrites them without the prefix.
         let long = vec![9u8; 300];
         assert_eq!(rows.insert(b"long", &long), None);
+        assert_eq!(rows.prefix(), b"");
         assert_eq!(rows.get(b"long"), Some(&long[..]));
+        let mut expected = expected;
+        expected.push(b"long".to_vec());
+        assert_eq!(whole(&rows), expected);
+        for i in (1..10_000u32).step_by(2) {
+            assert_eq!(rows.get(&key(i)), Some(&[3u8; 20][..]), "key {i}");
+        }
         assert_eq!(rows.remove(b"long"), Some(300));
         assert_eq!(unpack(pack((1 << 39) + 5)), (1 << 39) + 5);
         for i in (1..10_000u32).step_by(2) {
@@ -1633,6 +1768,51 @@ mod tests {
         }
         assert!(rows.is_empty());
         assert!(rows.data.is_empty());
+    }
+
+    #[test]
+    fn keys_sharing_their_first_bytes_keep_them_once_and_a_differing_key_cuts_the_prefix() {
+        let mut rows = Rows::default();
+        // A window's bucket: every key starts with the same 19 bytes.
+        let key = |window: u8, user: u32| {
+            let mut k = vec![window; 19];
+            k.extend_from_slice(&u64::from(user).to_be_bytes());
+            k
+        };
+        for user in 0..70_000u32 {
+            assert_eq!(rows.insert(&key(1, user), &user.to_le_bytes()), None);
+        }
+        // The window and the user ids' five high bytes, kept once: each
+        // entry holds 3 bytes of key, 4 of value and 2 of lengths.
+        assert_eq!(rows.prefix(), &key(1, 0)[..24]);
+        assert_eq!(rows.data.len(), 70_000 * (2 + 3 + 4));
+        assert_eq!(rows.get(&key(2, 5)), None);
+        assert_eq!(rows.remove(&key(2, 5)), None);
+        assert!(!rows.contains_key(&key(1, 70_000)));
+        assert!(
+            !rows.contains_key(&key(1, 0)[..20]),
+            "a key's own prefix is not the key"
+        );
+        // A key of another window cuts the prefix to nothing; every entry
+        // is still found, by its whole key.
+        assert_eq!(rows.insert(&key(2, 5), b"other"), None);
+        assert_eq!(rows.prefix(), b"");
+        for user in (0..70_000u32).step_by(997) {
+            assert_eq!(rows.get(&key(1, user)), Some(&user.to_le_bytes()[..]));
+        }
+        assert_eq!(rows.get(&key(2, 5)), Some(&b"other"[..]));
+        assert_eq!(rows.insert(&key(1, 3), &9u32.to_le_bytes()), Some(4));
+        assert_eq!(rows.get(&key(1, 3)), Some(&9u32.to_le_bytes()[..]));
+        // Emptied, the bucket takes the next key's bytes as its prefix.
+        for user in 0..70_000u32 {
+            assert_eq!(rows.remove(&key(1, user)), Some(4));
+        }
+        assert_eq!(rows.remove(&key(2, 5)), Some(5));
+        assert!(rows.is_empty());
+        assert_eq!(rows.insert(&key(3, 1), b"v"), None);
+        assert_eq!(rows.prefix(), &key(3, 1)[..]);
+        assert_eq!(rows.get(&key(3, 1)), Some(&b"v"[..]));
+        assert_eq!(rows.get(&key(3, 1)[..26]), None);
     }
 
     #[tokio::test]

@@ -102,6 +102,8 @@ pub struct StateProgress {
     pub rows: u64,
     /// Bytes of the keys and values held.
     pub bytes: u64,
+    /// Bytes of memory they take as held (see [`StateStore::memory`]).
+    pub memory_bytes: u64,
     /// Groups the batch changed.
     pub rows_updated: u64,
     /// Groups the batch finalized and removed (append mode).
@@ -710,6 +712,7 @@ impl StatefulAggregate {
             .await?;
         progress.rows = store.rows();
         progress.bytes = store.bytes();
+        progress.memory_bytes = store.memory();
         progress.rows_dropped_by_watermark = dropped.load(Ordering::Relaxed);
         progress.rows_without_event_time = no_time.load(Ordering::Relaxed);
         drop(store);
