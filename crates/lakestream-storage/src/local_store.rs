@@ -8,10 +8,17 @@
 //! compares the entry names first and only stats the entries past the offset.
 //! Writes are made durable: the stock store writes through the page cache
 //! and syncs nothing, so after a power loss a commit file could be lost or
-//! empty while the checkpoint's `commits/N` survived. Every put, and every
-//! multipart upload when it completes, `fsync`s the file and its directory
-//! before it returns, so data files are durable before the commit that
-//! names them, and a commit before `commits/N`.
+//! empty while the checkpoint's `commits/N` survived. A file under
+//! `_delta_log/` (a commit, a checkpoint) is `fsync`ed with its directory
+//! before its put returns, so a commit is durable before `commits/N`. A
+//! data file's `fsync` starts in the background as its put (or multipart
+//! upload) completes, so a writer encodes its next file while the disk
+//! syncs the last one; every put under `_delta_log/`, in any store of the
+//! process, first waits for all of them, so the data files are durable
+//! before a commit that names them becomes visible. A data file that
+//! cannot be synced fails that commit and every later one of the process
+//! (the disk may have dropped its pages): a restart replays the batch into
+//! new files.
 //! Everything else is the stock `LocalFileSystem`.
 
 use std::ops::Range;
@@ -44,7 +51,86 @@ async fn sync(location: &Path) -> Result<()> {
         })
 }
 
-/// A multipart upload that syncs the file when it completes.
+/// True for a path in a Delta log (`.../_delta_log/...`): a commit or a
+/// checkpoint, which readers rely on as soon as it exists.
+fn in_log(location: &Path) -> bool {
+    location.parts().any(|p| p.as_ref() == "_delta_log")
+}
+
+/// The data files of the process whose background `fsync` has not been
+/// waited for, and the first that failed, if any (see the module docs).
+#[derive(Default)]
+struct Syncing {
+    running: Vec<(Path, tokio::task::JoinHandle<std::io::Result<()>>)>,
+    failed: Option<String>,
+}
+
+fn syncing() -> &'static std::sync::Mutex<Syncing> {
+    static SYNCING: std::sync::OnceLock<std::sync::Mutex<Syncing>> = std::sync::OnceLock::new();
+    SYNCING.get_or_init(Default::default)
+}
+
+/// Start syncing the data file at `location` in the background.
+fn start_sync(location: &Path) {
+    let fs_path = std::path::PathBuf::from(format!("/{location}"));
+    let task = tokio::task::spawn_blocking(move || crate::location::sync_local_file(&fs_path));
+    push_sync(syncing(), location, task);
+}
+
+fn push_sync(
+    state: &std::sync::Mutex<Syncing>,
+    location: &Path,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    state
+        .lock()
+        .expect("syncing data files")
+        .running
+        .push((location.clone(), task));
+}
+
+/// Wait until every data file whose sync has started is on disk. A file
+/// removed meanwhile is no longer needed; any other failure fails this
+/// wait and every later one.
+async fn data_files_synced() -> Result<()> {
+    wait_for(syncing()).await
+}
+
+async fn wait_for(state: &std::sync::Mutex<Syncing>) -> Result<()> {
+    let running = {
+        let mut s = state.lock().expect("syncing data files");
+        if let Some(failed) = &s.failed {
+            return Err(sync_failed(failed.clone()));
+        }
+        std::mem::take(&mut s.running)
+    };
+    for (location, task) in running {
+        let outcome = match task.await {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        let failed = format!(
+            "cannot sync the data file {location} to disk ({outcome}); no commit of this process \
+             can be made durable: stop the query, check the disk, and start it again (the batch \
+             is replayed into new files)"
+        );
+        state.lock().expect("syncing data files").failed = Some(failed.clone());
+        return Err(sync_failed(failed));
+    }
+    Ok(())
+}
+
+fn sync_failed(message: String) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "FastLocalStore",
+        source: message.into(),
+    }
+}
+
+/// A multipart upload that syncs the file when it completes (a log file
+/// before it returns, a data file in the background, as a put).
 #[derive(Debug)]
 struct SyncedUpload {
     inner: Box<dyn MultipartUpload>,
@@ -58,9 +144,16 @@ impl MultipartUpload for SyncedUpload {
     }
 
     async fn complete(&mut self) -> Result<PutResult> {
-        let r = self.inner.complete().await?;
-        sync(&self.location).await?;
-        Ok(r)
+        if in_log(&self.location) {
+            data_files_synced().await?;
+            let r = self.inner.complete().await?;
+            sync(&self.location).await?;
+            Ok(r)
+        } else {
+            let r = self.inner.complete().await?;
+            start_sync(&self.location);
+            Ok(r)
+        }
     }
 
     async fn abort(&mut self) -> Result<()> {
@@ -167,9 +260,16 @@ impl ObjectStore for FastLocalStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        let r = self.inner.put_opts(location, payload, opts).await?;
-        sync(location).await?;
-        Ok(r)
+        if in_log(location) {
+            data_files_synced().await?;
+            let r = self.inner.put_opts(location, payload, opts).await?;
+            sync(location).await?;
+            Ok(r)
+        } else {
+            let r = self.inner.put_opts(location, payload, opts).await?;
+            start_sync(location);
+            Ok(r)
+        }
     }
 
     async fn put_multipart_opts(
@@ -238,10 +338,16 @@ impl ObjectStore for FastLocalStore {
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        if in_log(to) {
+            data_files_synced().await?;
+        }
         self.inner.copy_opts(from, to, options).await
     }
 
     async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
+        if in_log(to) {
+            data_files_synced().await?;
+        }
         self.inner.rename_opts(from, to, options).await
     }
 }
@@ -250,6 +356,71 @@ impl ObjectStore for FastLocalStore {
 mod tests {
     use super::*;
     use futures::TryStreamExt;
+
+    #[tokio::test]
+    async fn a_commit_is_written_only_once_the_data_files_before_it_are_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FastLocalStore::new();
+        let root = Path::from_filesystem_path(dir.path()).unwrap();
+        let data = root.clone().join("day=2026-01-01").join("part-0.parquet");
+        store.put(&data, vec![1u8; 4096].into()).await.unwrap();
+        let started = |p: &Path| {
+            syncing()
+                .lock()
+                .unwrap()
+                .running
+                .iter()
+                .any(|(l, _)| l == p)
+        };
+        // The data file's put returned with its sync started, not done.
+        assert!(started(&data), "the data file's sync was not started");
+        let commit = root
+            .clone()
+            .join("_delta_log")
+            .join("00000000000000000000.json");
+        store.put(&commit, b"{}".to_vec().into()).await.unwrap();
+        assert!(
+            !started(&data),
+            "a commit was written before the data file was synced"
+        );
+        assert_eq!(
+            std::fs::read(dir.path().join("_delta_log/00000000000000000000.json")).unwrap(),
+            b"{}"
+        );
+        // A data file removed before its sync is not needed by a commit.
+        let gone = root.clone().join("part-1.parquet");
+        store.put(&gone, vec![2u8; 10].into()).await.unwrap();
+        std::fs::remove_file(dir.path().join("part-1.parquet")).unwrap();
+        let next = root
+            .clone()
+            .join("_delta_log")
+            .join("00000000000000000001.json");
+        store.put(&next, b"{}".to_vec().into()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_data_file_that_cannot_be_synced_fails_every_later_commit_naming_it() {
+        let state = std::sync::Mutex::new(Syncing::default());
+        let file = Path::from("t/day=1/part-7.parquet");
+        let task = tokio::task::spawn_blocking(|| Err(std::io::Error::other("I/O error")));
+        push_sync(&state, &file, task);
+        for attempt in 0..2 {
+            let e = wait_for(&state).await.unwrap_err().to_string();
+            assert!(
+                e.contains("t/day=1/part-7.parquet"),
+                "attempt {attempt}: {e}"
+            );
+            assert!(
+                e.contains("I/O error") && e.contains("start it again"),
+                "{e}"
+            );
+        }
+        // Files synced fine are waited for and forgotten.
+        let ok = std::sync::Mutex::new(Syncing::default());
+        push_sync(&ok, &file, tokio::task::spawn_blocking(|| Ok(())));
+        wait_for(&ok).await.unwrap();
+        assert!(ok.lock().unwrap().running.is_empty());
+    }
 
     /// The sorted offset listings of the fast and the stock store.
     async fn both(prefix: &Path, offset: &Path) -> (Vec<String>, Vec<String>) {
