@@ -202,9 +202,42 @@ pub(crate) fn kill_until_done(
     seed: u64,
     limit: std::time::Duration,
 ) -> usize {
+    let kills = Kills {
+        max: max_kills,
+        seed,
+        limit,
+        latest: std::time::Duration::from_millis(370),
+    };
+    kill_until_done_with(dir, args, envs, &kills)
+}
+
+/// How a crash loop kills: at most `max` kills, each after a random
+/// 20 ms..`latest` (seeded by `seed`), the whole loop within `limit`.
+pub(crate) struct Kills {
+    /// Kills at most.
+    pub(crate) max: usize,
+    /// Seed of the kill moments (printed by the loop).
+    pub(crate) seed: u64,
+    /// The whole loop's time bound.
+    pub(crate) limit: std::time::Duration,
+    /// The latest moment after a start a kill is drawn at.
+    pub(crate) latest: std::time::Duration,
+}
+
+/// [`kill_until_done`] with the kill moments of `kills`.
+pub(crate) fn kill_until_done_with(
+    dir: &Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+    kills_at: &Kills,
+) -> usize {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
-    eprintln!("crash test seed: {seed}");
+    let (max_kills, seed, limit) = (kills_at.max, kills_at.seed, kills_at.limit);
+    let span = (kills_at.latest.as_millis() as u64)
+        .saturating_sub(20)
+        .max(1);
+    eprintln!("crash test seed: {seed}, kills after 20..{} ms", 20 + span);
     let mut rng = Rng(seed | 1);
     let mut kills = 0;
     let deadline = Instant::now() + limit;
@@ -219,7 +252,7 @@ pub(crate) fn kill_until_done(
             .spawn()
             .unwrap();
         if kills < max_kills {
-            let delay = Duration::from_millis(20 + rng.below(350));
+            let delay = Duration::from_millis(20 + rng.below(span));
             let start = Instant::now();
             while start.elapsed() < delay {
                 if child.try_wait().unwrap().is_some() {
@@ -268,20 +301,44 @@ pub(crate) const RUN_JOB: [&str; 6] = [
 /// Run the job `job(table)` gives once without kills into table `clean`
 /// (checkpoint `clean_ckpt`), then as `job.sql` into `out` (checkpoint
 /// `ckpt`) under [`kill_until_done`] with at most `max_kills` kills.
-/// Asserts both runs succeed and that the killed run's table, read by
-/// Python `deltalake`, holds the clean run's rows (as multisets). Returns
-/// the clean table's rows and the kills that landed.
+/// Asserts both runs succeed, that at least `min_kills` kills landed, and
+/// that the killed run's table, read by Python `deltalake`, holds the clean
+/// run's rows (as multisets). Returns the clean table's rows.
+///
+/// Kills come at most a `min_kills`-th of the clean run's time after each
+/// start (and never later than 370 ms), so on a machine fast enough to run
+/// the whole job in a few hundred milliseconds, `min_kills` kills still land
+/// before it is done: each restarted run has at least the rest of the work
+/// to do, and no kill takes away more than that share of it.
 pub(crate) fn killed_run_writes_the_clean_table(
     dir: &Path,
     job: &dyn Fn(&str) -> String,
     max_kills: usize,
-) -> (Vec<String>, usize) {
+    min_kills: usize,
+) -> Vec<String> {
+    use std::time::{Duration, Instant};
     std::fs::write(dir.join("clean.sql"), job("clean")).unwrap();
+    let started = Instant::now();
     let o = run_available_now(dir, "clean.sql", "clean_ckpt", &[], &[]);
+    let clean_run = started.elapsed();
     assert!(o.status.success(), "{}", text(&o));
     let clean = multiset(&read_py(&dir.join("clean")));
     std::fs::write(dir.join("job.sql"), job("out")).unwrap();
-    let kills = kill_run_job(dir, max_kills);
+    let latest = (clean_run / min_kills.max(1) as u32)
+        .clamp(Duration::from_millis(40), Duration::from_millis(370));
+    eprintln!("clean run: {clean_run:?}");
+    let kills = kill_until_done_with(
+        dir,
+        &RUN_JOB,
+        &[],
+        &Kills {
+            max: max_kills,
+            seed: clock_seed(),
+            limit: Duration::from_secs(240),
+            latest,
+        },
+    );
+    assert!(kills >= min_kills, "only {kills} kills landed");
     assert_eq!(multiset(&read_py(&dir.join("out"))), clean);
     // The killed run's table and checkpoint agree, batch by batch.
     let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);
@@ -290,7 +347,7 @@ pub(crate) fn killed_run_writes_the_clean_table(
         "verify after {kills} kills: {}",
         text(&o)
     );
-    (clean, kills)
+    clean
 }
 
 /// `lakestream verify` of the checkpoint `ckpt` in `dir` passes after

@@ -109,10 +109,9 @@ fn windowed_sigkill_loop(mode: &str) {
             mode,
         )
     };
-    let (clean, kills) = killed_run_writes_the_clean_table(dir, &job, 8);
+    let clean = killed_run_writes_the_clean_table(dir, &job, 8, 3);
     // 40 files, 20 s apart: 13 minutes of windows, 5 users each.
     assert!(clean.len() >= 50, "only {} groups written", clean.len());
-    assert!(kills >= 3, "only {kills} kills landed");
 
     // `status` shows the state the table's last batch left (the windows
     // still open) and the watermark.
@@ -169,9 +168,8 @@ fn sigkill_during_a_deduplication_within_the_watermark_writes_what_a_clean_run_w
             dir.join(table).display()
         )
     };
-    let (clean, kills) = killed_run_writes_the_clean_table(dir, &job, 8);
+    let clean = killed_run_writes_the_clean_table(dir, &job, 8, 3);
     // 5 users over 13 minutes of event time: each forgotten and written
     // again many times (kept for good, there would be 5 rows).
     assert!(clean.len() >= 30, "only {} first rows written", clean.len());
-    assert!(kills >= 3, "only {kills} kills landed");
 }

@@ -594,10 +594,9 @@ fn kafka_windowed_aggregation_through_sigkills_writes_what_a_clean_run_writes() 
             broker.bootstrap()
         )
     };
-    let (clean, kills) = killed_run_writes_the_clean_table(dir, &job, 6);
+    let clean = killed_run_writes_the_clean_table(dir, &job, 6, 2);
     // Five minutes of event time, five users: the closed windows.
     assert!(clean.len() >= 20, "only {} groups written", clean.len());
-    assert!(kills >= 2, "only {kills} kills landed");
 }
 
 /// Consumers are kept from batch to batch: a range that starts where the
