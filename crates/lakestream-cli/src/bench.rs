@@ -22,6 +22,7 @@ use anyhow::{Context, bail};
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
+mod broker;
 mod decode;
 mod latency;
 mod spark;
@@ -36,6 +37,9 @@ pub(crate) struct BenchConfig {
     pub(crate) history: u64,
     pub(crate) state_groups: u64,
     pub(crate) kafka_bootstrap: Option<String>,
+    /// Run the Kafka workloads against librdkafka's mock broker, started
+    /// in this process (instead of a broker at `kafka_bootstrap`).
+    pub(crate) kafka_mock: bool,
     pub(crate) kafka_messages: u64,
     /// An object store prefix where the several-writers workload also puts
     /// its tables, and the start-up workload a table and checkpoint.
@@ -1103,12 +1107,22 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         );
     }
 
+    let broker = match (&cfg.kafka_bootstrap, cfg.kafka_mock) {
+        (Some(b), false) => Some(broker::Broker::external(b)),
+        (None, true) => Some(broker::Broker::mock()?),
+        (Some(_), true) => bail!("--kafka-bootstrap and --kafka-mock name two brokers: give one"),
+        (None, false) => None,
+    };
+    if let Some(b) = &broker {
+        figure("kafka.broker", b.kind(), "");
+    }
+
     // 5. start-up: a one-batch job from exec to exit
     if cfg.wants("startup") {
         let runs = if cfg.smoke { 3 } else { 9 };
         latency::startup(
             dir,
-            cfg.kafka_bootstrap.as_deref(),
+            broker.as_ref(),
             cfg.object_store_prefix.as_deref(),
             runs,
         )?;
@@ -1116,22 +1130,22 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
 
     // 6. kafka: throughput, then the latency of records produced at a
     // steady rate
-    match &cfg.kafka_bootstrap {
-        Some(bootstrap) => {
+    match &broker {
+        Some(broker) => {
             if cfg.wants("kafka") {
-                kafka_bench(dir, bootstrap, cfg.kafka_messages, !cfg.smoke)?;
+                kafka_bench(dir, broker, cfg.kafka_messages, !cfg.smoke)?;
             }
             if cfg.wants("latency") {
                 latency::kafka_latency(
                     dir,
-                    bootstrap,
+                    broker,
                     &cfg.latency_rates,
                     cfg.latency_seconds,
                     cfg.object_store_prefix.as_deref(),
                 )?;
             }
         }
-        None => figure("kafka.skipped", 1, "(no --kafka-bootstrap)"),
+        None => figure("kafka.skipped", 1, "(no --kafka-bootstrap or --kafka-mock)"),
     }
     Ok(())
 }
@@ -1319,22 +1333,21 @@ fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result
 
 /// The Kafka workloads; `group`: also group mode with one and two
 /// processes.
-fn kafka_bench(dir: &Path, bootstrap: &str, messages: u64, group: bool) -> anyhow::Result<()> {
+fn kafka_bench(
+    dir: &Path,
+    broker: &broker::Broker,
+    messages: u64,
+    group: bool,
+) -> anyhow::Result<()> {
     use rdkafka::ClientConfig;
     use rdkafka::Message;
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
+    let bootstrap = broker.bootstrap();
     let topic = format!("bench-{}", std::process::id());
-    create_topic(bootstrap, &topic, 4)?;
-    // One record per produce request: some brokers report watermarks
-    // exactly only then.
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("batch.num.messages", "1")
-        .set("linger.ms", "0")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?;
+    broker.create_topic(&topic, 4)?;
+    let producer: BaseProducer = broker.producer_config().create()?;
     let start = Instant::now();
     for i in 0..messages {
         let value = format!(

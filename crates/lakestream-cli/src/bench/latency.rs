@@ -21,6 +21,7 @@ use anyhow::{Context, bail};
 use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 
+use super::broker::Broker;
 use super::{figure, percentile};
 
 /// Milliseconds since the epoch, with a fraction.
@@ -77,7 +78,7 @@ impl rdkafka::producer::ProducerContext for AckTimes {
 /// checkpoint and the table there (`latency_remote.<rate>.*`).
 pub(super) fn kafka_latency(
     dir: &Path,
-    bootstrap: &str,
+    broker: &Broker,
     rates: &[u64],
     seconds: f64,
     remote: Option<&str>,
@@ -88,7 +89,7 @@ pub(super) fn kafka_latency(
             .flat_map(|p| rates.iter().map(move |&r| (r, Some(p)))),
     );
     for (rate, remote) in runs {
-        let l = one_rate(dir, bootstrap, rate, seconds, remote)
+        let l = one_rate(dir, broker, rate, seconds, remote)
             .with_context(|| format!("latency at {rate} msg/s"))?;
         let key = match remote {
             None => format!("latency.{rate}"),
@@ -153,20 +154,20 @@ pub(super) fn kafka_latency(
 /// once.
 fn one_rate(
     dir: &Path,
-    bootstrap: &str,
+    broker: &Broker,
     rate: u64,
     seconds: f64,
     remote: Option<&str>,
 ) -> anyhow::Result<Latency> {
-    use rdkafka::ClientConfig;
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
+    let bootstrap = broker.bootstrap();
     let topic = format!(
         "latency-{}-{rate}{}",
         std::process::id(),
         if remote.is_some() { "-remote" } else { "" }
     );
-    super::create_topic(bootstrap, &topic, 1)?;
+    broker.create_topic(&topic, 1)?;
     let job = format!("{topic}.sql");
     let (location, checkpoint) = match remote {
         None => (
@@ -192,15 +193,11 @@ fn one_rate(
     // Each record's produce time, by seq (the record at offset seq + 1).
     let produced_at = std::sync::Mutex::new(Vec::<f64>::new());
     let acks = AckTimes::default();
-    // One record per produce request: some brokers (tansu) report a wrong
-    // high watermark after a request of several records, and records past
-    // it stay unread until the next request.
-    let producer: BaseProducer<AckTimes> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("batch.num.messages", "1")
-        .set("linger.ms", "0")
-        .set("queue.buffering.max.messages", "1000000")
-        .create_with_context(acks.clone())?;
+    // One record per produce request on a broker named by address (some,
+    // like tansu, report a wrong high watermark after a request of several
+    // records): see `Broker::producer_config`.
+    let producer: BaseProducer<AckTimes> =
+        broker.producer_config().create_with_context(acks.clone())?;
     let send = |seq: i64| -> anyhow::Result<()> {
         let now = epoch_ms(SystemTime::now()) as i64;
         if seq >= 0 {
@@ -452,7 +449,7 @@ fn one_rate(
 /// table there.
 pub(super) fn startup(
     dir: &Path,
-    kafka: Option<&str>,
+    kafka: Option<&Broker>,
     remote: Option<&str>,
     runs: usize,
 ) -> anyhow::Result<()> {
@@ -487,17 +484,12 @@ pub(super) fn startup(
         )?;
         jobs.push(("s3", base, String::new()));
     }
-    if let Some(bootstrap) = kafka {
-        use rdkafka::ClientConfig;
+    if let Some(broker) = kafka {
         use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+        let bootstrap = broker.bootstrap();
         let topic = format!("startup-{}", std::process::id());
-        super::create_topic(bootstrap, &topic, 1)?;
-        // One record per produce request: some brokers report watermarks
-        // exactly only then.
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("batch.num.messages", "1")
-            .create()?;
+        broker.create_topic(&topic, 1)?;
+        let producer: BaseProducer = broker.producer_config().create()?;
         for j in 0..10 {
             producer
                 .send(BaseRecord::<(), String>::to(&topic).payload(&format!(
