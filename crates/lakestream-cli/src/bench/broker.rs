@@ -17,6 +17,10 @@ use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 
+/// Bytes a workload's record takes in the mock broker's log, at most
+/// (payload and record overhead), for [`Broker::max_backlog`].
+const MOCK_RECORD: u64 = 128;
+
 /// A Kafka broker for the workloads (the mock one lives as long as this).
 pub(crate) struct Broker {
     bootstrap: String,
@@ -53,6 +57,17 @@ impl Broker {
         } else {
             "external"
         }
+    }
+
+    /// The most messages of [`MOCK_RECORD`]'s size a backlog workload
+    /// may put in `partitions` partitions of this broker: librdkafka's mock
+    /// broker keeps at most 5 MB (and 100,000 produce batches) per
+    /// partition and drops older records past that, so a backlog larger
+    /// than it keeps could never be read whole. `None`: no bound.
+    pub(crate) fn max_backlog(&self, partitions: u64) -> Option<u64> {
+        self.mock
+            .as_ref()
+            .map(|_| partitions * (4 << 20) / MOCK_RECORD)
     }
 
     /// Create `topic` with `partitions` (the mock broker takes no admin
@@ -98,6 +113,10 @@ mod tests {
     fn the_mock_broker_serves_batched_records_with_exact_watermarks() {
         let broker = Broker::mock().unwrap();
         assert_eq!(broker.kind(), "mock");
+        // A backlog is capped to what the mock broker keeps; a broker named
+        // by address is not.
+        assert_eq!(broker.max_backlog(4), Some(131_072));
+        assert_eq!(Broker::external("127.0.0.1:9").max_backlog(4), None);
         assert!(
             broker.bootstrap().starts_with("127.0.0.1:"),
             "{}",
