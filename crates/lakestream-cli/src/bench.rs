@@ -1115,6 +1115,11 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     };
     if let Some(b) = &broker {
         figure("kafka.broker", b.kind(), "");
+        figure(
+            "kafka.producer_linger",
+            b.linger_ms(),
+            "ms (the workloads' producers' linger.ms)",
+        );
     }
 
     // 5. start-up: a one-batch job from exec to exit

@@ -159,7 +159,7 @@ fn one_rate(
     seconds: f64,
     remote: Option<&str>,
 ) -> anyhow::Result<Latency> {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
     let bootstrap = broker.bootstrap();
     let topic = format!(
@@ -196,7 +196,9 @@ fn one_rate(
     // One record per produce request on a broker named by address (some,
     // like tansu, report a wrong high watermark after a request of several
     // records): see `Broker::producer_config`.
-    let producer: BaseProducer<AckTimes> =
+    // Its own thread serves the delivery reports, so each ack is timed
+    // when it arrives while this one sleeps until a record is due.
+    let producer: ThreadedProducer<AckTimes> =
         broker.producer_config().create_with_context(acks.clone())?;
     let send = |seq: i64| -> anyhow::Result<()> {
         let now = epoch_ms(SystemTime::now()) as i64;
@@ -216,25 +218,38 @@ fn one_rate(
                     if e.rdkafka_error_code()
                         == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
                 {
-                    producer.poll(Duration::from_millis(1));
+                    std::thread::sleep(Duration::from_millis(1));
                 }
                 Err((e, _)) => bail!("produce to {topic}: {e}"),
             }
         }
     };
 
-    // The query, started as a user starts it: the default trigger.
+    // The query, started as a user starts it: the default trigger. Its
+    // log and progress lines are kept beside the job (set LAKESTREAM_LOG
+    // for more) and named when the query falls behind.
     let exe = std::env::current_exe()?;
+    let log_path = dir.join(format!("{topic}.log"));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("create the query's log {}", log_path.display()))?;
     let mut child = Command::new(exe)
         .current_dir(dir)
         .args(["run", &job, "--checkpoint", &checkpoint, "--progress-json"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()?;
     let stdout = child.stdout.take().expect("piped");
     let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    // Each batch's progress is kept beside the log, one JSON line a batch.
+    let progress_path = dir.join(format!("{topic}.progress.jsonl"));
+    let mut progress_file = std::io::BufWriter::new(
+        std::fs::File::create(&progress_path)
+            .with_context(|| format!("create {}", progress_path.display()))?,
+    );
     std::thread::spawn(move || {
+        use std::io::Write;
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = writeln!(progress_file, "{line}").and_then(|_| progress_file.flush());
             if let Ok(v) = serde_json::from_str(&line) {
                 let _ = tx.send(v);
             }
@@ -251,9 +266,12 @@ fn one_rate(
         let deadline = Instant::now() + Duration::from_secs(120);
         while rows < want {
             let left = deadline.saturating_duration_since(Instant::now());
-            let p = rx
-                .recv_timeout(left)
-                .map_err(|_| anyhow::anyhow!("the query committed {rows} of {want} records"))?;
+            let p = rx.recv_timeout(left).map_err(|_| {
+                anyhow::anyhow!(
+                    "the query committed {rows} of {want} records within 120 s (its log: {})",
+                    log_path.display()
+                )
+            })?;
             rows += p["input_rows"].as_u64().unwrap_or(0);
             progress.push(p);
         }
@@ -272,20 +290,17 @@ fn one_rate(
     let start = Instant::now();
     for i in 0..total {
         let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
-        // Serve delivery reports while waiting, so acks are timed when
-        // they arrive.
-        loop {
-            let now = Instant::now();
-            if due <= now {
-                break;
-            }
-            producer.poll(due - now);
+        // A sleep, never a spin: on a small machine a spinning producer
+        // takes a core from the query. A record sent late (a sleep
+        // overshoots by tens of microseconds) carries the time it was sent.
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
         }
         if let Err(e) = send(i as i64) {
             stop(&mut child);
             return Err(e);
         }
-        producer.poll(Duration::ZERO);
     }
     let sent = start.elapsed();
     let flushed = producer

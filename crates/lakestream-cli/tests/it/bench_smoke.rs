@@ -100,6 +100,38 @@ fn the_benchmark_prints_every_figure() {
     );
     // One second at 100 records a second, each in the table once.
     assert_eq!(figures["latency.100.rows"], 100.0);
+    // A broker named by address takes one record a request: no linger.
+    assert_eq!(figures["kafka.producer_linger"], 0.0);
+    // The latency query's log and its batches' progress are kept in the
+    // bench directory, to see why a query fell behind.
+    let kept: Vec<_> = std::fs::read_dir(tmp.path().join("b"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("latency-"))
+        .collect();
+    let log = kept
+        .iter()
+        .find(|p| p.extension().is_some_and(|e| e == "log"))
+        .unwrap_or_else(|| panic!("no latency query log in {kept:?}"));
+    let log = std::fs::read_to_string(log).unwrap();
+    assert!(log.contains("started"), "{log}");
+    let progress = kept
+        .iter()
+        .find(|p| p.to_string_lossy().ends_with(".progress.jsonl"))
+        .unwrap_or_else(|| panic!("no latency progress in {kept:?}"));
+    let batches = std::fs::read_to_string(progress)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["batch_id"].is_u64())
+        })
+        .count();
+    // Every batch the figures counted (the warm-up batch among them).
+    assert!(
+        batches as f64 >= figures["latency.100.batches"],
+        "{batches} progress lines for {} batches",
+        figures["latency.100.batches"]
+    );
 
     // --only runs the workloads it names and nothing else.
     let o = run_in(
