@@ -419,6 +419,9 @@ struct KafkaState {
     /// When topic ids were last compared with the recorded ones (`None`:
     /// not yet in this run, so the first plan compares them).
     ids_checked: Option<Instant>,
+    /// The brokers left a topic-id lookup unanswered in this run: no more
+    /// are asked until the next run (see `KafkaSource::topic_ids`).
+    ids_unanswered: bool,
     /// The high watermarks and the lag behind them at the last plan.
     latest: Option<crate::Latest>,
     /// The partitions of the source's topics as the broker's metadata last
@@ -588,8 +591,8 @@ impl KafkaSource {
         };
         // Ids are asked for when they can tell something: a topic first
         // seen, a planned offset past a partition's end (was it recreated?),
-        // and every recorded topic at the first plan of a run (it may have
-        // been recreated while the query was down) and now and then.
+        // and every topic at the first plan of a run (it may have been
+        // recreated while the query was down) and now and then.
         let periodic = {
             let mut st = self.state.lock().expect("kafka state");
             let due = st
@@ -607,8 +610,9 @@ impl KafkaSource {
             let past_end = parts
                 .iter()
                 .any(|(p, (_, hi))| known.and_then(|m| m.get(p)).is_some_and(|s| s > hi));
-            let recorded = prev.topic_ids.contains_key(topic);
-            if first_seen || past_end || (periodic && recorded) {
+            // Now and then every topic, so an id a slow answer missed
+            // when the topic was first seen is recorded later.
+            if first_seen || past_end || periodic {
                 wanted.push(topic.clone());
             }
         }

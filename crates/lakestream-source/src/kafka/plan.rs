@@ -76,14 +76,17 @@ pub(super) fn resume_point(
 }
 
 /// The topic ids (KIP-516) the broker gives for `names`, as 32 hex digits;
-/// topics without one (an older broker, an error) are left out. Asked only
-/// when a topic is first seen or its offsets went missing: an id is evidence
-/// of recreation, never needed for reading.
+/// topics without one (an older broker, an error) are left out. `None`
+/// when no answer came within `timeout` (some brokers name a controller
+/// that is not among their brokers, and librdkafka then waits for it
+/// until the timeout). Asked only when a topic is first seen, its offsets
+/// went missing, or now and then: an id is evidence of recreation, never
+/// needed for reading.
 pub(super) fn fetch_topic_ids(
     consumer: &BaseConsumer,
     names: &[String],
     timeout: Duration,
-) -> BTreeMap<String, String> {
+) -> Option<BTreeMap<String, String>> {
     use rdkafka::bindings as rd;
     use std::ffi::{CStr, CString};
     let mut out = BTreeMap::new();
@@ -92,7 +95,7 @@ pub(super) fn fetch_topic_ids(
         .filter_map(|n| CString::new(n.as_str()).ok())
         .collect();
     if c_names.is_empty() {
-        return out;
+        return Some(out);
     }
     let mut ptrs: Vec<*const std::ffi::c_char> = c_names.iter().map(|s| s.as_ptr()).collect();
     let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
@@ -107,44 +110,60 @@ pub(super) fn fetch_topic_ids(
             rk,
             rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
         );
+        // The request gives up when the wait does.
+        let mut errstr = [0 as std::ffi::c_char; 256];
+        rd::rd_kafka_AdminOptions_set_request_timeout(
+            opts,
+            timeout_ms,
+            errstr.as_mut_ptr(),
+            errstr.len(),
+        );
         let coll = rd::rd_kafka_TopicCollection_of_topic_names(ptrs.as_mut_ptr(), ptrs.len());
         let queue = rd::rd_kafka_queue_new(rk);
         rd::rd_kafka_DescribeTopics(rk, coll, opts, queue);
         rd::rd_kafka_TopicCollection_destroy(coll);
         rd::rd_kafka_AdminOptions_destroy(opts);
-        let ev = rd::rd_kafka_queue_poll(queue, timeout_ms);
-        if !ev.is_null() {
-            if rd::rd_kafka_event_type(ev) == rd::RD_KAFKA_EVENT_DESCRIBETOPICS_RESULT
-                && rd::rd_kafka_event_error(ev)
-                    == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-            {
-                let res = rd::rd_kafka_event_DescribeTopics_result(ev);
-                let mut n = 0usize;
-                let tds = rd::rd_kafka_DescribeTopics_result_topics(res, &mut n);
-                for i in 0..n {
-                    let td = *tds.add(i);
-                    if td.is_null() || !rd::rd_kafka_TopicDescription_error(td).is_null() {
-                        continue;
-                    }
-                    let name = CStr::from_ptr(rd::rd_kafka_TopicDescription_name(td))
-                        .to_string_lossy()
-                        .into_owned();
-                    let id = rd::rd_kafka_TopicDescription_topic_id(td);
-                    if id.is_null() {
-                        continue;
-                    }
-                    let hi = rd::rd_kafka_Uuid_most_significant_bits(id) as u64;
-                    let lo = rd::rd_kafka_Uuid_least_significant_bits(id) as u64;
-                    if hi != 0 || lo != 0 {
-                        out.insert(name, format!("{hi:016x}{lo:016x}"));
-                    }
+        // A little longer than the request's own timeout, so its timeout
+        // result is the one taken.
+        let ev = rd::rd_kafka_queue_poll(queue, timeout_ms.saturating_add(200));
+        if ev.is_null()
+            || rd::rd_kafka_event_error(ev) == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__TIMED_OUT
+        {
+            if !ev.is_null() {
+                rd::rd_kafka_event_destroy(ev);
+            }
+            rd::rd_kafka_queue_destroy(queue);
+            return None;
+        }
+        if rd::rd_kafka_event_type(ev) == rd::RD_KAFKA_EVENT_DESCRIBETOPICS_RESULT
+            && rd::rd_kafka_event_error(ev) == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        {
+            let res = rd::rd_kafka_event_DescribeTopics_result(ev);
+            let mut n = 0usize;
+            let tds = rd::rd_kafka_DescribeTopics_result_topics(res, &mut n);
+            for i in 0..n {
+                let td = *tds.add(i);
+                if td.is_null() || !rd::rd_kafka_TopicDescription_error(td).is_null() {
+                    continue;
+                }
+                let name = CStr::from_ptr(rd::rd_kafka_TopicDescription_name(td))
+                    .to_string_lossy()
+                    .into_owned();
+                let id = rd::rd_kafka_TopicDescription_topic_id(td);
+                if id.is_null() {
+                    continue;
+                }
+                let hi = rd::rd_kafka_Uuid_most_significant_bits(id) as u64;
+                let lo = rd::rd_kafka_Uuid_least_significant_bits(id) as u64;
+                if hi != 0 || lo != 0 {
+                    out.insert(name, format!("{hi:016x}{lo:016x}"));
                 }
             }
-            rd::rd_kafka_event_destroy(ev);
         }
+        rd::rd_kafka_event_destroy(ev);
         rd::rd_kafka_queue_destroy(queue);
     }
-    out
+    Some(out)
 }
 
 /// Planning state gathered from the broker.
@@ -153,6 +172,11 @@ pub(super) struct Watermarks {
     /// (low, high) per topic and partition.
     pub(super) marks: BTreeMap<String, BTreeMap<i32, (i64, i64)>>,
 }
+
+/// The most a topic-id lookup waits (or `request_timeout`, if shorter):
+/// the ids are evidence, and a start or a plan must not wait on a broker
+/// that never answers them.
+pub(super) const TOPIC_ID_WAIT: Duration = Duration::from_secs(2);
 
 /// Watermark requests in flight at once while planning.
 pub(super) const WATERMARK_REQUESTS: usize = 16;
@@ -335,15 +359,34 @@ impl KafkaSource {
         Ok(marks)
     }
 
-    /// [`fetch_topic_ids`] on the planning client, off the async threads.
+    /// [`fetch_topic_ids`] on the planning client, off the async threads,
+    /// waiting at most [`TOPIC_ID_WAIT`]. Brokers that leave the lookup
+    /// unanswered are not asked again in this run (a warning says so):
+    /// recreation is then told from offsets alone until the query
+    /// restarts.
     pub(super) async fn topic_ids(&self, names: Vec<String>) -> Result<BTreeMap<String, String>> {
+        if self.state.lock().expect("kafka state").ids_unanswered {
+            return Ok(BTreeMap::new());
+        }
         let consumer = self.planner()?;
-        let timeout = self.options.request_timeout;
-        Ok(
-            tokio::task::spawn_blocking(move || fetch_topic_ids(&consumer, &names, timeout))
-                .await
-                .unwrap_or_default(),
-        )
+        let timeout = self.options.request_timeout.min(TOPIC_ID_WAIT);
+        let ids = tokio::task::spawn_blocking(move || fetch_topic_ids(&consumer, &names, timeout))
+            .await
+            .unwrap_or_default();
+        Ok(match ids {
+            Some(ids) => ids,
+            None => {
+                tracing::warn!(
+                    source = %self.name,
+                    brokers = %self.options.bootstrap_servers,
+                    "the brokers did not answer a topic-id lookup (DescribeTopics) within \
+                     {timeout:?}: until the query restarts, a recreated topic is told from \
+                     its offsets alone"
+                );
+                self.state.lock().expect("kafka state").ids_unanswered = true;
+                BTreeMap::new()
+            }
+        })
     }
 
     pub(super) async fn watermarks(&self) -> Result<Watermarks> {

@@ -20,6 +20,15 @@ async fn produce(
     n: i32,
 ) {
     mock.create_topic(topic, 3, 1).unwrap();
+    produce_more(mock, topic, n).await;
+}
+
+/// `n` more records into `topic` (made by [`produce`]).
+async fn produce_more(
+    mock: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    topic: &str,
+    n: i32,
+) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", mock.bootstrap_servers())
         .create()
@@ -44,9 +53,19 @@ fn query(
     dir: &std::path::Path,
     read_timeout: Duration,
 ) -> QueryBuilder {
+    query_with(bootstrap, topic, dir, read_timeout, Duration::from_secs(1))
+}
+
+fn query_with(
+    bootstrap: &str,
+    topic: &str,
+    dir: &std::path::Path,
+    read_timeout: Duration,
+    request_timeout: Duration,
+) -> QueryBuilder {
     let mut options = KafkaSourceOptions::new(bootstrap, Topics::List(vec![topic.into()]));
     options.max_offsets_per_trigger = Some(70);
-    options.request_timeout = Duration::from_secs(1);
+    options.request_timeout = request_timeout;
     options.read_timeout = read_timeout;
     let source = KafkaSource::try_new(
         "events",
@@ -157,5 +176,48 @@ async fn a_range_that_cannot_be_read_in_time_fails_cleanly_and_a_restart_continu
     assert_eq!(
         crate::common::count_distinct(&dir.path().join("table"), "id").await,
         (150, 150)
+    );
+}
+
+/// The mock broker names a controller that is not among its brokers, so
+/// it never answers a topic-id lookup (DescribeTopics). A query there
+/// waits for the ids briefly and once a run, not its whole request timeout
+/// at each lookup, and reads every record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_never_answers_topic_id_lookups_delays_a_run_once_and_briefly() {
+    let mock = MockCluster::new(1).unwrap();
+    produce(&mock, "no-ids", 300).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    for run in 0..2 {
+        if run == 1 {
+            // The second run (a restart) reads what came since.
+            produce_more(&mock, "no-ids", 300).await;
+        }
+        let started = std::time::Instant::now();
+        let summary = query_with(
+            &bootstrap,
+            "no-ids",
+            dir.path(),
+            Duration::from_secs(60),
+            Duration::from_secs(30),
+        )
+        .run()
+        .await
+        .unwrap();
+        let took = started.elapsed();
+        assert_eq!(summary.input_rows, 300, "run {run}: {summary:?}");
+        assert!(summary.batches >= 5, "run {run}: {summary:?}");
+        // The request timeout is 30 s; the lookup waits 2 s at most.
+        assert!(
+            took < Duration::from_secs(15),
+            "run {run} on a broker that ignores topic-id lookups took {took:?}"
+        );
+    }
+    // Every record once: 600 rows, each (partition, offset) once.
+    assert_eq!(
+        crate::common::count_distinct(&dir.path().join("table"), "_partition * 1000000 + _offset")
+            .await,
+        (600, 600)
     );
 }
