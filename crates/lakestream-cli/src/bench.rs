@@ -158,6 +158,16 @@ fn run_job_with(dir: &Path, job: &str, ckpt: &str, extra: &[&str]) -> anyhow::Re
     let wall = start.elapsed();
     let progress = reader.join().expect("reader thread");
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // The run's log and its batches' progress stay in the bench
+    // directory, beside the job.
+    std::fs::write(dir.join(format!("{job}.log")), &out.stderr)?;
+    std::fs::write(
+        dir.join(format!("{job}.progress.jsonl")),
+        progress
+            .iter()
+            .map(|p| format!("{p}\n"))
+            .collect::<String>(),
+    )?;
     if !out.status.success() {
         bail!("lakestream run {job} failed: {stderr}");
     }
