@@ -41,7 +41,7 @@ pub(super) struct PartitionCursor {
 
 /// A consumer kept between reads, with its cursors.
 pub(super) struct PooledReader {
-    consumer: Arc<StreamConsumer>,
+    consumer: Arc<Detached<StreamConsumer>>,
     parts: HashMap<(String, i32), PartitionCursor>,
     stash_bytes: usize,
 }
@@ -49,7 +49,7 @@ pub(super) struct PooledReader {
 impl PooledReader {
     fn new(consumer: StreamConsumer) -> Self {
         Self {
-            consumer: Arc::new(consumer),
+            consumer: Arc::new(Detached::new(consumer)),
             parts: HashMap::new(),
             stash_bytes: 0,
         }
@@ -354,7 +354,7 @@ pub(super) const BOUNDS_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 pub(super) struct RangeReader {
     name: String,
-    consumer: Arc<StreamConsumer>,
+    consumer: Arc<Detached<StreamConsumer>>,
     /// The consumer with its cursors, back to the pool when the read ends.
     pooled: Option<PooledReader>,
     pool: (SharedPool, usize),
