@@ -838,6 +838,10 @@ fn is_transient(e: &KafkaError) -> bool {
 /// asks again every 10 ms.
 pub const LIVE_FETCH_WAIT_MAX_MS: u64 = 10;
 
+/// `fetch.queue.backoff.ms` of reading consumers: how long librdkafka
+/// waits to fetch again after the consumer's queue passed its thresholds.
+pub const FETCH_QUEUE_BACKOFF_MS: u64 = 10;
+
 /// A read stream whose ranges hold at most this many offsets is read by a
 /// live consumer; a larger one (a backlog being caught up) by a bulk
 /// consumer with librdkafka's fetch defaults.
@@ -871,6 +875,13 @@ fn client_config_for(o: &KafkaSourceOptions, kind: Option<ReaderKind>) -> Client
         // silent jump.
         .set("auto.offset.reset", "error")
         .set("client.id", "lakestream");
+    if kind.is_some() {
+        // A reader that fills its queue past `queued.min.messages` (a
+        // backlog fetched faster than it is decoded) has librdkafka stop
+        // fetching for `fetch.queue.backoff.ms`, 1 s by default, even once
+        // the queue is drained: a batch then stalled for a second.
+        c.set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS.to_string());
+    }
     if kind == Some(ReaderKind::Live) {
         // A kept live reader's fetch waits at most this long for new
         // records: brokers that hold a fetch for its whole wait even when

@@ -221,3 +221,70 @@ async fn a_broker_that_never_answers_topic_id_lookups_delays_a_run_once_and_brie
         (600, 600)
     );
 }
+
+/// A reader whose consumer queue fills past `queued.min.messages` (a
+/// backlog fetched faster than it is decoded) has librdkafka pause its
+/// fetches; it must resume as soon as the queue drains, not after
+/// librdkafka's default 1 s. With a threshold of 100 messages and 8,000
+/// records in produce batches of at most 40, the default pause would come
+/// back dozens of times (tens of seconds); the batch reads them in well
+/// under that, every record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_whose_queue_fills_reads_on_without_pausing_a_second() {
+    let mock = MockCluster::new(1).unwrap();
+    mock.create_topic("full", 1, 1).unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", mock.bootstrap_servers())
+        .set("batch.num.messages", "40")
+        .create()
+        .unwrap();
+    let sends: Vec<_> = (0..8000)
+        .map(|i| {
+            producer
+                .send_result(
+                    FutureRecord::<(), String>::to("full").payload(&format!("{{\"id\": {i}}}")),
+                )
+                .unwrap()
+        })
+        .collect();
+    for s in sends {
+        s.await.unwrap().unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut options =
+        KafkaSourceOptions::new(&mock.bootstrap_servers(), Topics::List(vec!["full".into()]));
+    options
+        .client_config
+        .insert("queued.min.messages".into(), "100".into());
+    let source = KafkaSource::try_new(
+        "events",
+        Some(Arc::new(Schema::new(vec![Field::new(
+            "id",
+            DataType::Int64,
+            false,
+        )]))),
+        options,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let summary = crate::common::available_now(
+        source,
+        "SELECT id FROM events",
+        dir.path().join("table").to_str().unwrap(),
+        dir.path().join("ckpt").to_str().unwrap(),
+    )
+    .run()
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert_eq!(summary.input_rows, 8000, "{summary:?}");
+    assert_eq!(
+        crate::common::count_distinct(&dir.path().join("table"), "id").await,
+        (8000, 8000)
+    );
+    // The mock broker leaves the topic-id lookup unanswered (2 s).
+    assert!(
+        took < Duration::from_secs(12),
+        "reading 8,000 records with a 100-message queue took {took:?}"
+    );
+}
