@@ -67,6 +67,12 @@ fn query_with(
     options.max_offsets_per_trigger = Some(70);
     options.request_timeout = request_timeout;
     options.read_timeout = read_timeout;
+    query_of(options, dir)
+}
+
+/// An available-now query of `id` (and each record's partition and offset)
+/// from a source with `options`, its table and checkpoint under `dir`.
+fn query_of(options: KafkaSourceOptions, dir: &std::path::Path) -> QueryBuilder {
     let source = KafkaSource::try_new(
         "events",
         Some(Arc::new(Schema::new(vec![Field::new(
@@ -256,26 +262,8 @@ async fn a_reader_whose_queue_fills_reads_on_without_pausing_a_second() {
     options
         .client_config
         .insert("queued.min.messages".into(), "100".into());
-    let source = KafkaSource::try_new(
-        "events",
-        Some(Arc::new(Schema::new(vec![Field::new(
-            "id",
-            DataType::Int64,
-            false,
-        )]))),
-        options,
-    )
-    .unwrap();
     let started = std::time::Instant::now();
-    let summary = crate::common::available_now(
-        source,
-        "SELECT id FROM events",
-        dir.path().join("table").to_str().unwrap(),
-        dir.path().join("ckpt").to_str().unwrap(),
-    )
-    .run()
-    .await
-    .unwrap();
+    let summary = query_of(options, dir.path()).run().await.unwrap();
     let took = started.elapsed();
     assert_eq!(summary.input_rows, 8000, "{summary:?}");
     assert_eq!(
