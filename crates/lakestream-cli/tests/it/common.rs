@@ -194,6 +194,9 @@ impl Rng {
 /// with SIGKILL after a random 20..370 ms (at most `max_kills` times, seeded
 /// by `seed`), until a run exits on its own. Asserts that run succeeded and
 /// returns how many kills landed. Bounded: 40 runs and `limit` of time.
+///
+/// For jobs that share `dir` with others running at once, or keep their
+/// state off `dir`: it cannot start over, so the caller checks the count.
 pub(crate) fn kill_until_done(
     dir: &Path,
     args: &[&str],
@@ -204,6 +207,7 @@ pub(crate) fn kill_until_done(
 ) -> usize {
     let kills = Kills {
         max: max_kills,
+        min: 0,
         seed,
         limit,
         latest: std::time::Duration::from_millis(370),
@@ -216,6 +220,12 @@ pub(crate) fn kill_until_done(
 pub(crate) struct Kills {
     /// Kills at most.
     pub(crate) max: usize,
+    /// Kills that must land. When a loop ends with fewer (the job finished
+    /// its input before the next delay ran out), `dir` is put back as it was
+    /// before the loop and the loop starts over with delays within a
+    /// `min + 1`-th of the last run's time, at most three times. 0: no
+    /// start-over (and no copy of `dir`).
+    pub(crate) min: usize,
     /// Seed of the kill moments (printed by the loop).
     pub(crate) seed: u64,
     /// The whole loop's time bound.
@@ -224,25 +234,103 @@ pub(crate) struct Kills {
     pub(crate) latest: std::time::Duration,
 }
 
-/// [`kill_until_done`] with the kill moments of `kills`.
+/// Loops of [`Kills::min`] at most: the first and two starts-over.
+const CRASH_LOOP_TRIES: usize = 3;
+
+/// [`kill_until_done`] with the kill moments of `kills`; asserts at least
+/// [`Kills::min`] kills landed.
 pub(crate) fn kill_until_done_with(
     dir: &Path,
     args: &[&str],
     envs: &[(&str, String)],
     kills_at: &Kills,
 ) -> usize {
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + kills_at.limit;
+    if kills_at.min == 0 {
+        return crash_loop(dir, args, envs, kills_at, deadline).0;
+    }
+    let before = tempfile::tempdir().unwrap();
+    copy_tree(dir, before.path());
+    let (mut seed, mut latest) = (kills_at.seed, kills_at.latest);
+    for tries in 1..=CRASH_LOOP_TRIES {
+        let (kills, last_run) = crash_loop(
+            dir,
+            args,
+            envs,
+            &Kills {
+                seed,
+                latest,
+                ..*kills_at
+            },
+            deadline,
+        );
+        if kills >= kills_at.min {
+            return kills;
+        }
+        assert!(
+            tries < CRASH_LOOP_TRIES,
+            "only {kills} of {} kills landed in {tries} loops: the job finishes before the \
+             kills come",
+            kills_at.min
+        );
+        // The last run did at most the whole job: kills within a share of
+        // its time land before a run from the start is done.
+        latest = (last_run / (kills_at.min as u32 + 1)).clamp(Duration::from_millis(25), latest);
+        seed = seed.rotate_left(17) ^ tries as u64;
+        eprintln!(
+            "only {kills} of {} kills landed (the last run took {last_run:?}): from the start \
+             again",
+            kills_at.min
+        );
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                std::fs::remove_dir_all(&p).unwrap();
+            } else {
+                std::fs::remove_file(&p).unwrap();
+            }
+        }
+        copy_tree(before.path(), dir);
+    }
+    unreachable!("the last loop returns or fails its assertion")
+}
+
+/// Copy the files and directories under `from` into `to` (which exists).
+fn copy_tree(from: &Path, to: &Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            std::fs::create_dir(&target).unwrap();
+            copy_tree(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+/// One crash loop of [`kill_until_done_with`], ended by `deadline`: the
+/// kills landed and how long the run that finished took.
+fn crash_loop(
+    dir: &Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+    kills_at: &Kills,
+    deadline: std::time::Instant,
+) -> (usize, std::time::Duration) {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
-    let (max_kills, seed, limit) = (kills_at.max, kills_at.seed, kills_at.limit);
+    let (max_kills, seed) = (kills_at.max, kills_at.seed);
     let span = (kills_at.latest.as_millis() as u64)
         .saturating_sub(20)
         .max(1);
     eprintln!("crash test seed: {seed}, kills after 20..{} ms", 20 + span);
     let mut rng = Rng(seed | 1);
     let mut kills = 0;
-    let deadline = Instant::now() + limit;
     for attempt in 0..40 {
         assert!(Instant::now() < deadline, "crash loop took too long");
+        let start = Instant::now();
         let mut child = bin()
             .current_dir(dir)
             .args(args)
@@ -253,7 +341,6 @@ pub(crate) fn kill_until_done_with(
             .unwrap();
         if kills < max_kills {
             let delay = Duration::from_millis(20 + rng.below(span));
-            let start = Instant::now();
             while start.elapsed() < delay {
                 if child.try_wait().unwrap().is_some() {
                     break;
@@ -268,23 +355,29 @@ pub(crate) fn kill_until_done_with(
             }
         }
         let out = child.wait_with_output().unwrap();
+        let took = start.elapsed();
         assert!(out.status.success(), "attempt {attempt}: {}", text(&out));
         eprintln!("killed {kills} times");
-        return kills;
+        return (kills, took);
     }
     panic!("the job never completed");
 }
 
 /// [`kill_until_done`] of [`RUN_JOB`] in `dir` with at most `max_kills`
-/// kills at clock-seeded moments, within 240 s; returns the kills landed.
-pub(crate) fn kill_run_job(dir: &Path, max_kills: usize) -> usize {
-    kill_until_done(
+/// kills at clock-seeded moments, within 240 s, starting over from `dir` as
+/// it was until at least `min_kills` land; returns the kills landed.
+pub(crate) fn kill_run_job(dir: &Path, max_kills: usize, min_kills: usize) -> usize {
+    kill_until_done_with(
         dir,
         &RUN_JOB,
         &[],
-        max_kills,
-        clock_seed(),
-        std::time::Duration::from_secs(240),
+        &Kills {
+            max: max_kills,
+            min: min_kills,
+            seed: clock_seed(),
+            limit: std::time::Duration::from_secs(240),
+            latest: std::time::Duration::from_millis(370),
+        },
     )
 }
 
@@ -333,12 +426,12 @@ pub(crate) fn killed_run_writes_the_clean_table(
         &[],
         &Kills {
             max: max_kills,
+            min: min_kills,
             seed: clock_seed(),
             limit: Duration::from_secs(240),
             latest,
         },
     );
-    assert!(kills >= min_kills, "only {kills} kills landed");
     assert_eq!(multiset(&read_py(&dir.join("out"))), clean);
     // The killed run's table and checkpoint agree, batch by batch.
     let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);

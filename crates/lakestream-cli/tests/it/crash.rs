@@ -4,28 +4,23 @@ use std::time::Duration;
 
 use crate::common::*;
 
+/// `files` files of 20 events under `dir/in` and `job.sql` writing them
+/// to `dir/out` one file a batch; the event ids, sorted.
+fn events_and_job(dir: &std::path::Path, files: usize) -> Vec<String> {
+    let input = dir.join("in");
+    let mut ids = write_events(&input, 0, files, 20);
+    ids.sort();
+    std::fs::write(dir.join("job.sql"), events_job(&input, &dir.join("out"), 1)).unwrap();
+    ids
+}
+
 #[test]
 fn sigkill_at_random_moments_then_restart_keeps_every_row_exactly_once() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let input = dir.join("in");
-    let expected = {
-        let mut v = write_events(&input, 0, 60, 20);
-        v.sort();
-        v
-    };
-    std::fs::write(dir.join("job.sql"), events_job(&input, &dir.join("out"), 1)).unwrap();
-    let kills = kill_until_done(
-        dir,
-        &RUN_JOB,
-        &[],
-        8,
-        clock_seed(),
-        Duration::from_secs(240),
-    );
-    // 60 one-file batches take far longer than the longest delay: a run of
-    // this test that killed nothing would prove nothing.
-    assert!(kills >= 3, "only {kills} kills landed");
+    let expected = events_and_job(dir, 60);
+    // A run of this test that killed nothing would prove nothing.
+    let kills = kill_run_job(dir, 8, 3);
     let rows = read_py(&dir.join("out"));
     assert_exactly_once(&rows, &expected);
     let ours = query(
@@ -67,17 +62,35 @@ fn sigkill_while_large_files_are_read_in_line_ranges_keeps_every_row_exactly_onc
     assert_eq!(parquet, 12, "two files per batch, one per line range");
     assert_exactly_once(&read_py(&dir.join("clean")), &expected);
     std::fs::write(dir.join("job.sql"), events_job(&input, &dir.join("out"), 1)).unwrap();
-    let kills = kill_until_done(
+    let kills = kill_run_job(dir, 6, 2);
+    assert_exactly_once(&read_py(&dir.join("out")), &expected);
+    assert_verified_batches(dir, kills, 6);
+}
+
+#[test]
+fn a_crash_loop_whose_kills_come_after_the_job_is_done_starts_over_until_they_land() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let expected = events_and_job(dir, 8);
+    // Delays drawn up to ten minutes: the first loop's run finishes eight
+    // small batches long before its kill is due, so no kill lands in it.
+    let kills = kill_until_done_with(
         dir,
         &RUN_JOB,
         &[],
-        6,
-        clock_seed(),
-        Duration::from_secs(240),
+        &Kills {
+            max: 4,
+            min: 2,
+            seed: clock_seed(),
+            limit: Duration::from_secs(240),
+            latest: Duration::from_secs(600),
+        },
     );
     assert!(kills >= 2, "only {kills} kills landed");
+    // The loop that counted started from the input alone: the table holds
+    // each row once and eight batches, not a finished run's rows again.
     assert_exactly_once(&read_py(&dir.join("out")), &expected);
-    assert_verified_batches(dir, kills, 6);
+    assert_verified_batches(dir, kills, 8);
 }
 
 /// Every file under `dir`, recursively.

@@ -312,8 +312,7 @@ fn one_job_writes_three_tables_from_one_read_exactly_once_through_sigkills() {
     let mut kept = write_events(&dir.join("in"), 0, 16, 10);
     kept.sort();
     std::fs::write(dir.join("job.sql"), SPLIT_JOB).unwrap();
-    let kills = kill_run_job(dir, 6);
-    assert!(kills >= 2, "only {kills} kills landed");
+    kill_run_job(dir, 6, 2);
     assert_split_tables(dir, &kept);
     // verify checks each output's table against the checkpoint.
     let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
