@@ -204,7 +204,9 @@ fn median_of(progress: &[serde_json::Value], key: &str) -> f64 {
 const DAY_START_S: i64 = 1_767_225_600; // 2026-01-01T00:00:00Z
 
 /// Write `rows` events in `files` JSON-lines files; about a month of event
-/// time, in order. Returns the total bytes.
+/// time, in order. Returns the total bytes. Each file is synced to disk, so
+/// the kernel is not still writing the input back while the first
+/// workload timed reads it (and not while the later ones do).
 fn generate_events(dir: &Path, rows: u64, files: u64) -> anyhow::Result<u64> {
     std::fs::create_dir_all(dir)?;
     let per_file = rows.div_ceil(files.max(1));
@@ -229,7 +231,7 @@ fn generate_events(dir: &Path, rows: u64, files: u64) -> anyhow::Result<u64> {
                 dt.format("%Y-%m-%dT%H:%M:%SZ")
             )?;
         }
-        w.flush()?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         total += std::fs::metadata(&path)?.len();
     }
     Ok(total)
