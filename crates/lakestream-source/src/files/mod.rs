@@ -508,8 +508,19 @@ impl FileSource {
                 .all(|f| self.options.compression.for_path(&f.path) == TextCompression::None)
     }
 
+    /// Bytes per read request: smaller on a local disk (see
+    /// [`decode::LOCAL_READ_CHUNK`]).
+    fn read_chunk(&self) -> u64 {
+        if self.location.local_dir().is_some() {
+            decode::LOCAL_READ_CHUNK
+        } else {
+            decode::READ_CHUNK
+        }
+    }
+
     fn file_stream(&self, piece: Piece) -> BatchStream {
         let Piece { entry, range } = piece;
+        let read_chunk = self.read_chunk();
         let store = self.location.store().clone();
         let schema = self.file_schema.clone();
         let name = self.name.clone();
@@ -564,6 +575,7 @@ impl FileSource {
                         rejects,
                         evolve,
                         range,
+                        read_chunk,
                     };
                     text_stream(name, store, entry, schema, options).await
                 }
@@ -848,7 +860,7 @@ impl Source for FileSource {
                 // requests (read-ahead), and reading several at once would
                 // only multiply the memory held.
                 let total: u64 = pieces.iter().map(Piece::len).sum();
-                let small = total < READ_CHUNK * pieces.len() as u64;
+                let small = total < self.read_chunk() * pieces.len() as u64;
                 let concurrency = if small {
                     self.options.read_concurrency.max(1)
                 } else {
