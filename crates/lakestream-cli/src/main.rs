@@ -442,7 +442,8 @@ fn parse_storage_option(s: &str) -> Result<(String, String), String> {
 
 /// Tune glibc's malloc for a process that streams batches; each setting
 /// is left alone when its `MALLOC_*` variable (or `GLIBC_TUNABLES`) says
-/// otherwise. Must run before any thread starts.
+/// otherwise. Called before any thread starts, so that every thread's
+/// arena follows the arena limit.
 ///
 /// - Two arenas (`MALLOC_ARENA_MAX`): by default glibc gives threads up to
 ///   eight arenas per core, and memory freed in one arena is not reused by
@@ -482,8 +483,8 @@ fn tune_malloc() {
             {
                 continue;
             }
-            // SAFETY: mallopt only sets an allocator parameter; it is
-            // called before the runtime starts any other thread.
+            // SAFETY: mallopt only sets an allocator parameter, under
+            // glibc's own arena lock.
             unsafe {
                 libc::mallopt(param, value);
             }
