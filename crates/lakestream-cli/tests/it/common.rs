@@ -296,6 +296,29 @@ pub(crate) fn kill_until_done_with(
     unreachable!("the last loop returns or fails its assertion")
 }
 
+/// How long `lakestream <args>` takes from nothing to the end of its
+/// input, run in a scratch directory holding only the `inputs` (files or
+/// directories) of `dir`: the time a crash loop of a job that shares `dir`
+/// with others (and so cannot start over) draws its kills within a share
+/// of.
+pub(crate) fn clean_run_time(dir: &Path, inputs: &[&str], args: &[&str]) -> std::time::Duration {
+    let scratch = tempfile::tempdir().unwrap();
+    for name in inputs {
+        let (from, to) = (dir.join(name), scratch.path().join(name));
+        if from.is_dir() {
+            std::fs::create_dir(&to).unwrap();
+            copy_tree(&from, &to);
+        } else {
+            std::fs::copy(&from, &to).unwrap();
+        }
+    }
+    let started = std::time::Instant::now();
+    let o = run_in(scratch.path(), args);
+    let took = started.elapsed();
+    assert!(o.status.success(), "a run without kills: {}", text(&o));
+    took
+}
+
 /// Copy the files and directories under `from` into `to` (which exists).
 fn copy_tree(from: &Path, to: &Path) {
     for e in std::fs::read_dir(from).unwrap() {

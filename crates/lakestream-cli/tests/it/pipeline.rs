@@ -177,41 +177,37 @@ fn raw_clean_per_minute_chain_through_sigkills_equals_a_batch_computation() {
         ]
     };
     let seed = clock_seed();
+    // Kills come within a third of a whole run of raw alone, so they land
+    // before a run is done even on a fast machine (raw cannot start over:
+    // the others read its table meanwhile; clean and per-minute runs are
+    // shorter still, as they only catch up).
+    let raw_alone = clean_run_time(dir, &["in", "raw.sql"], &args("raw.sql", "ck_raw"));
+    eprintln!("raw alone: {raw_alone:?}");
+    let kills = |max: usize, seed: u64| Kills {
+        max,
+        min: 0,
+        seed,
+        limit: Duration::from_secs(240),
+        latest: (raw_alone / 3).clamp(Duration::from_millis(40), Duration::from_millis(370)),
+    };
     // The three jobs run at once, each killed at random and restarted:
     // raw until its input is done; clean and per-minute until the stage
     // before them is done and they caught up.
     std::thread::scope(|s| {
-        let raw = s.spawn(|| {
-            kill_until_done(
-                dir,
-                &args("raw.sql", "ck_raw"),
-                &[],
-                5,
-                seed,
-                Duration::from_secs(240),
-            )
-        });
+        let raw =
+            s.spawn(|| kill_until_done_with(dir, &args("raw.sql", "ck_raw"), &[], &kills(5, seed)));
         let mut rounds = 0;
         let mut raw_done = false;
         let mut downstream_kills = 0;
         loop {
             raw_done |= raw.is_finished();
-            downstream_kills += kill_until_done(
-                dir,
-                &args("clean.sql", "ck_clean"),
-                &[],
-                2,
-                seed ^ rounds,
-                Duration::from_secs(240),
-            );
-            downstream_kills += kill_until_done(
-                dir,
-                &args("minute.sql", "ck_minute"),
-                &[],
-                2,
-                seed ^ !rounds,
-                Duration::from_secs(240),
-            );
+            for (job, ckpt, seed) in [
+                ("clean.sql", "ck_clean", seed ^ rounds),
+                ("minute.sql", "ck_minute", seed ^ !rounds),
+            ] {
+                downstream_kills +=
+                    kill_until_done_with(dir, &args(job, ckpt), &[], &kills(2, seed));
+            }
             rounds += 1;
             if raw_done {
                 break;
