@@ -245,10 +245,23 @@ pub(crate) fn kill_until_done_with(
     envs: &[(&str, String)],
     kills_at: &Kills,
 ) -> usize {
+    kill_until_done_logged(dir, args, envs, kills_at).0
+}
+
+/// [`kill_until_done_with`], also returning the stdout and stderr of every
+/// run, killed or not (of every loop, when it started over).
+pub(crate) fn kill_until_done_logged(
+    dir: &Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+    kills_at: &Kills,
+) -> (usize, String) {
     use std::time::{Duration, Instant};
     let deadline = Instant::now() + kills_at.limit;
+    let mut outputs = String::new();
     if kills_at.min == 0 {
-        return crash_loop(dir, args, envs, kills_at, deadline).0;
+        let (kills, _) = crash_loop(dir, args, envs, kills_at, deadline, &mut outputs);
+        return (kills, outputs);
     }
     let before = tempfile::tempdir().unwrap();
     copy_tree(dir, before.path());
@@ -264,9 +277,10 @@ pub(crate) fn kill_until_done_with(
                 ..*kills_at
             },
             deadline,
+            &mut outputs,
         );
         if kills >= kills_at.min {
-            return kills;
+            return (kills, outputs);
         }
         assert!(
             tries < CRASH_LOOP_TRIES,
@@ -334,13 +348,15 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// One crash loop of [`kill_until_done_with`], ended by `deadline`: the
-/// kills landed and how long the run that finished took.
+/// kills landed and how long the run that finished took. Every run's
+/// stdout and stderr are added to `outputs`.
 fn crash_loop(
     dir: &Path,
     args: &[&str],
     envs: &[(&str, String)],
     kills_at: &Kills,
     deadline: std::time::Instant,
+    outputs: &mut String,
 ) -> (usize, std::time::Duration) {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
@@ -358,7 +374,7 @@ fn crash_loop(
             .current_dir(dir)
             .args(args)
             .envs(envs.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -372,13 +388,14 @@ fn crash_loop(
             }
             if child.try_wait().unwrap().is_none() {
                 child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
+                outputs.push_str(&text(&child.wait_with_output().unwrap()));
                 kills += 1;
                 continue;
             }
         }
         let out = child.wait_with_output().unwrap();
         let took = start.elapsed();
+        outputs.push_str(&text(&out));
         assert!(out.status.success(), "attempt {attempt}: {}", text(&out));
         eprintln!("killed {kills} times");
         return (kills, took);

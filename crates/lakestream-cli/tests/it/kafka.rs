@@ -62,41 +62,21 @@ fn kafka_to_delta_exactly_once_through_sigkills() {
         ),
     )
     .unwrap();
-    let mut rng = Rng(0x5eed_u64 ^ std::process::id() as u64 | 1);
-    let mut kills = 0;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut outputs = String::new();
-    loop {
-        assert!(Instant::now() < deadline, "kafka crash loop took too long");
-        let mut child = bin()
-            .current_dir(dir)
-            .args(RUN_JOB)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        if kills < 6 {
-            // Batches take milliseconds: kills land early in a run too.
-            let delay = Duration::from_millis(30 + rng.below(470));
-            let start = Instant::now();
-            while start.elapsed() < delay && child.try_wait().unwrap().is_none() {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if child.try_wait().unwrap().is_none() {
-                child.kill().unwrap();
-                let out = child.wait_with_output().unwrap();
-                outputs.push_str(&text(&out));
-                kills += 1;
-                continue;
-            }
-        }
-        let out = child.wait_with_output().unwrap();
-        outputs.push_str(&text(&out));
-        assert!(out.status.success(), "{}", text(&out));
-        break;
-    }
+    // Batches take milliseconds: kills land early in a run too. A loop
+    // whose job finished before two kills landed starts over.
+    let (kills, outputs) = kill_until_done_logged(
+        dir,
+        &RUN_JOB,
+        &[],
+        &Kills {
+            max: 6,
+            min: 2,
+            seed: clock_seed(),
+            limit: Duration::from_secs(300),
+            latest: Duration::from_millis(500),
+        },
+    );
     eprintln!("killed {kills} times");
-    assert!(kills >= 2, "only {kills} kills landed");
     let rows = read_py(&dir.join("out"));
     assert_eq!(
         order_ids(&rows),
