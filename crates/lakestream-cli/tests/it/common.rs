@@ -264,7 +264,8 @@ pub(crate) fn kill_until_done_logged(
         return (kills, outputs);
     }
     let before = tempfile::tempdir().unwrap();
-    copy_tree(dir, before.path());
+    let before_dir = before.path().join("dir");
+    copy_path(dir, &before_dir);
     let (mut seed, mut latest) = (kills_at.seed, kills_at.latest);
     for tries in 1..=CRASH_LOOP_TRIES {
         let (kills, last_run) = crash_loop(
@@ -297,15 +298,8 @@ pub(crate) fn kill_until_done_logged(
              again",
             kills_at.min
         );
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                std::fs::remove_dir_all(&p).unwrap();
-            } else {
-                std::fs::remove_file(&p).unwrap();
-            }
-        }
-        copy_tree(before.path(), dir);
+        std::fs::remove_dir_all(dir).unwrap();
+        copy_path(&before_dir, dir);
     }
     unreachable!("the last loop returns or fails its assertion")
 }
@@ -318,13 +312,7 @@ pub(crate) fn kill_until_done_logged(
 pub(crate) fn clean_run_time(dir: &Path, inputs: &[&str], args: &[&str]) -> std::time::Duration {
     let scratch = tempfile::tempdir().unwrap();
     for name in inputs {
-        let (from, to) = (dir.join(name), scratch.path().join(name));
-        if from.is_dir() {
-            std::fs::create_dir(&to).unwrap();
-            copy_tree(&from, &to);
-        } else {
-            std::fs::copy(&from, &to).unwrap();
-        }
+        copy_path(&dir.join(name), &scratch.path().join(name));
     }
     let started = std::time::Instant::now();
     let o = run_in(scratch.path(), args);
@@ -333,17 +321,17 @@ pub(crate) fn clean_run_time(dir: &Path, inputs: &[&str], args: &[&str]) -> std:
     took
 }
 
-/// Copy the files and directories under `from` into `to` (which exists).
-fn copy_tree(from: &Path, to: &Path) {
+/// Copy the file or directory (recursively) at `from` to `to`, which does
+/// not exist yet.
+fn copy_path(from: &Path, to: &Path) {
+    if !from.is_dir() {
+        std::fs::copy(from, to).unwrap();
+        return;
+    }
+    std::fs::create_dir(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            std::fs::create_dir(&target).unwrap();
-            copy_tree(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), &target).unwrap();
-        }
+        copy_path(&e.path(), &to.join(e.file_name()));
     }
 }
 
