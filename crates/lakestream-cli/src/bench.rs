@@ -56,6 +56,8 @@ pub(crate) struct BenchConfig {
     pub(crate) spark_python: Option<PathBuf>,
     /// The workloads to run (all when empty): names of [`WORKLOADS`].
     pub(crate) only: Vec<String>,
+    /// `--repeat`: rounds of the backfill and its raw floor, alternated.
+    pub(crate) repeat: usize,
 }
 
 /// The workloads `--only` can pick.
@@ -75,6 +77,7 @@ impl BenchConfig {
         self.kafka_messages = 2_000;
         self.latency_rates = vec![100];
         self.latency_seconds = 1.0;
+        self.repeat = 1;
         self.smoke = true;
         self
     }
@@ -120,6 +123,13 @@ struct RunReport {
     cpu_seconds: f64,
     peak_rss: u64,
     progress: Vec<serde_json::Value>,
+}
+
+impl RunReport {
+    /// The sum of `key` over the run's batches' progress.
+    fn sum(&self, key: &str) -> u64 {
+        self.progress.iter().filter_map(|p| p[key].as_u64()).sum()
+    }
 }
 
 fn run_job(dir: &Path, job: &str, ckpt: &str) -> anyhow::Result<RunReport> {
@@ -650,33 +660,66 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         // 1. backfill
         let input_bytes = generate_events(&dir.join("events"), cfg.rows, cfg.files)?;
         write_job(dir, "backfill.sql", "out/backfill", "")?;
-        let r = run_job(dir, "backfill.sql", "ckpt/backfill")?;
-        let secs = r.wall.as_secs_f64();
-        let input_rows: u64 = r
-            .progress
-            .iter()
-            .filter_map(|p| p["input_rows"].as_u64())
-            .sum();
-        if input_rows != cfg.rows {
-            bail!("the backfill read {input_rows} rows, expected {}", cfg.rows);
+        // Rounds of the backfill and its floor (partitioned by day as the
+        // table is), alternated so that neither always runs second on a
+        // machine whose speed drifts; medians of each.
+        let mut runs: Vec<RunReport> = Vec::new();
+        let mut floors: Vec<(f64, f64)> = Vec::new();
+        for round in 0..cfg.repeat.max(1) {
+            for made in ["ckpt/backfill", "out/backfill", "raw"] {
+                if dir.join(made).exists() {
+                    std::fs::remove_dir_all(dir.join(made))?;
+                }
+            }
+            if round % 2 == 1 {
+                floors.push(raw_limit(&dir.join("events"), &dir.join("raw"), true)?);
+            }
+            let r = run_job(dir, "backfill.sql", "ckpt/backfill")?;
+            let input_rows = r.sum("input_rows");
+            if input_rows != cfg.rows {
+                bail!(
+                    "the backfill's round {round} read {input_rows} rows, expected {}",
+                    cfg.rows
+                );
+            }
+            runs.push(r);
+            if round % 2 == 0 {
+                floors.push(raw_limit(&dir.join("events"), &dir.join("raw"), true)?);
+            }
         }
-        let out_files: u64 = r
-            .progress
+        let rounds: Vec<String> = runs
             .iter()
-            .filter_map(|p| p["output_files"].as_u64())
-            .sum();
-        let out_bytes: u64 = r
-            .progress
-            .iter()
-            .filter_map(|p| p["output_bytes"].as_u64())
-            .sum();
+            .zip(&floors)
+            .map(|(r, (raw, _))| format!("{:.2}", raw / r.wall.as_secs_f64()))
+            .collect();
+        let round_walls = |walls: Vec<f64>| {
+            walls
+                .iter()
+                .map(|w| format!("{w:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let engine_walls = round_walls(runs.iter().map(|r| r.wall.as_secs_f64()).collect());
+        let floor_walls = round_walls(floors.iter().map(|f| f.0).collect());
+        runs.sort_by_key(|r| r.wall);
+        let r = runs.swap_remove(runs.len() / 2);
+        floors.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (raw_secs, raw_cpu) = floors[floors.len() / 2];
+        let secs = r.wall.as_secs_f64();
+        let out_files = r.sum("output_files");
+        let out_bytes = r.sum("output_bytes");
         figure("backfill.rows", cfg.rows, "rows");
         figure(
             "backfill.input",
             format!("{:.1}", input_bytes as f64 / 1e6),
             "MB",
         );
-        figure("backfill.wall", format!("{secs:.3}"), "s");
+        figure(
+            "backfill.wall",
+            format!("{secs:.3}"),
+            "s (median of the rounds)",
+        );
+        figure("backfill.wall_rounds", engine_walls, "s");
         figure(
             "backfill.throughput",
             format!("{:.0}", cfg.rows as f64 / secs),
@@ -701,11 +744,14 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
             "MiB",
         );
 
-        // 2. raw limit on the same files
-        // Partitioned by day as the table is: the floor the ratio uses.
-        let (raw_secs, raw_cpu) = raw_limit(&dir.join("events"), &dir.join("raw"), true)?;
+        // 2. raw limit on the same files (run in the rounds above)
         let (flat_secs, _) = raw_limit(&dir.join("events"), &dir.join("raw-flat"), false)?;
-        figure("raw.wall", format!("{raw_secs:.3}"), "s");
+        figure(
+            "raw.wall",
+            format!("{raw_secs:.3}"),
+            "s (median of the rounds)",
+        );
+        figure("raw.wall_rounds", floor_walls, "s");
         figure(
             "raw.throughput",
             format!("{:.0}", cfg.rows as f64 / raw_secs),
@@ -715,7 +761,17 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         figure(
             "ratio.backfill_over_raw",
             format!("{:.2}", raw_secs / secs),
-            "x (the floor writes one file per day per thread, as the table)",
+            format!(
+                "x (medians of {} alternated rounds; the floor writes one file per day per \
+                 thread, as the table)",
+                rounds.len()
+            )
+            .as_str(),
+        );
+        figure(
+            "ratio.backfill_over_raw_rounds",
+            rounds.join(" "),
+            "x (each round's own ratio)",
         );
         // The earlier floor: one unpartitioned file per input file.
         figure("raw_flat.wall", format!("{flat_secs:.3}"), "s");
@@ -729,22 +785,14 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         std::fs::write(dir.join("windowed.sql"), WINDOWED_JOB)?;
         let w = run_job(dir, "windowed.sql", "ckpt/windowed")?;
         let w_secs = w.wall.as_secs_f64();
-        let w_input: u64 = w
-            .progress
-            .iter()
-            .filter_map(|p| p["input_rows"].as_u64())
-            .sum();
+        let w_input = w.sum("input_rows");
         if w_input != cfg.rows {
             bail!(
                 "the windowed run read {w_input} rows, expected {}",
                 cfg.rows
             );
         }
-        let groups: u64 = w
-            .progress
-            .iter()
-            .filter_map(|p| p["output_rows"].as_u64())
-            .sum();
+        let groups = w.sum("output_rows");
         figure("windowed.wall", format!("{w_secs:.3}"), "s");
         figure(
             "windowed.throughput",
@@ -1467,11 +1515,7 @@ fn kafka_bench(
         ),
     )?;
     let r = run_job(dir, "kafka.sql", "ckpt/kafka")?;
-    let n: u64 = r
-        .progress
-        .iter()
-        .filter_map(|p| p["input_rows"].as_u64())
-        .sum();
+    let n = r.sum("input_rows");
     if n != messages {
         bail!("the kafka job read {n} of {messages} messages");
     }

@@ -238,6 +238,13 @@ enum Command {
         /// state, update, tiny, writers, history, startup, kafka, latency.
         #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(bench::WORKLOADS))]
         only: Vec<String>,
+        /// Rounds of the backfill and its raw floor, run alternately (the
+        /// order swaps every round); the figures are the medians and the
+        /// ratio is the floor's median over the backfill's. One round's
+        /// ratio moves by ±10% on a shared machine. 3 by default, 1 with
+        /// --smoke.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=50))]
+        repeat: Option<u64>,
         /// Tiny sizes: every figure in seconds (a smoke test, not a measure).
         #[arg(long)]
         smoke: bool,
@@ -618,6 +625,7 @@ fn main() -> ExitCode {
                 latency_seconds,
                 spark_python,
                 only,
+                repeat,
                 smoke,
             } => {
                 let cfg = bench::BenchConfig {
@@ -636,8 +644,12 @@ fn main() -> ExitCode {
                     kafka_bootstrap,
                     kafka_mock,
                     kafka_messages,
+                    repeat: 3,
                 };
-                let cfg = if smoke { cfg.smoke() } else { cfg };
+                let mut cfg = if smoke { cfg.smoke() } else { cfg };
+                if let Some(r) = repeat {
+                    cfg.repeat = r as usize;
+                }
                 // The bench drives child processes and blocking clients.
                 report(
                     tokio::task::spawn_blocking(move || bench::bench(cfg))

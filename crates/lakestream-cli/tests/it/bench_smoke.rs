@@ -176,3 +176,61 @@ fn a_spark_comparison_without_pyspark_says_what_it_needs() {
     assert!(out.contains("No module named 'pyspark'"), "{out}");
     assert!(!out.contains("ratio.backfill_over_spark"), "{out}");
 }
+
+/// `--repeat N` runs the backfill and its floor N times each, alternated;
+/// the figures are the medians, and each round's ratio is printed.
+#[test]
+fn the_backfill_ratio_is_taken_over_alternated_rounds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = run_in(
+        tmp.path(),
+        &[
+            "bench", "--smoke", "--dir", "b", "--only", "backfill", "--repeat", "3",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8(o.stdout.clone()).unwrap();
+    let values = |name: &str| -> Vec<f64> {
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no figure {name}:\n{out}"));
+        line.split_whitespace()
+            .map_while(|v| v.parse().ok())
+            .collect()
+    };
+    let engine = values("backfill.wall_rounds");
+    let floor = values("raw.wall_rounds");
+    let ratios = values("ratio.backfill_over_raw_rounds");
+    assert_eq!(
+        (engine.len(), floor.len(), ratios.len()),
+        (3, 3, 3),
+        "{out}"
+    );
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[1]
+    };
+    // The printed figures are the medians of the rounds (to the printed
+    // precision), and the ratio is the floor's median over the backfill's.
+    assert!(
+        (values("backfill.wall")[0] - median(&engine)).abs() < 0.0015,
+        "{out}"
+    );
+    assert!(
+        (values("raw.wall")[0] - median(&floor)).abs() < 0.0015,
+        "{out}"
+    );
+    let ratio = values("ratio.backfill_over_raw")[0];
+    assert!(
+        (ratio - median(&floor) / median(&engine)).abs() < 0.02,
+        "{out}"
+    );
+    for (i, r) in ratios.iter().enumerate() {
+        assert!((r - floor[i] / engine[i]).abs() < 0.02, "round {i}: {out}");
+    }
+    // Every round wrote the whole table: the last one is there, complete.
+    assert_eq!(values("backfill.rows")[0], 20_000.0);
+    assert!(tmp.path().join("b/out/backfill/_delta_log").is_dir());
+}
