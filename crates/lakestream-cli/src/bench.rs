@@ -665,6 +665,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         // machine whose speed drifts; medians of each.
         let mut runs: Vec<RunReport> = Vec::new();
         let mut floors: Vec<(f64, f64)> = Vec::new();
+        let floor = || raw_limit(&dir.join("events"), &dir.join("raw"), true);
         for round in 0..cfg.repeat.max(1) {
             for made in ["ckpt/backfill", "out/backfill", "raw"] {
                 if dir.join(made).exists() {
@@ -672,7 +673,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
                 }
             }
             if round % 2 == 1 {
-                floors.push(raw_limit(&dir.join("events"), &dir.join("raw"), true)?);
+                floors.push(floor()?);
             }
             let r = run_job(dir, "backfill.sql", "ckpt/backfill")?;
             let input_rows = r.sum("input_rows");
@@ -684,7 +685,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
             }
             runs.push(r);
             if round % 2 == 0 {
-                floors.push(raw_limit(&dir.join("events"), &dir.join("raw"), true)?);
+                floors.push(floor()?);
             }
         }
         let rounds: Vec<String> = runs
@@ -692,15 +693,14 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
             .zip(&floors)
             .map(|(r, (raw, _))| format!("{:.2}", raw / r.wall.as_secs_f64()))
             .collect();
-        let round_walls = |walls: Vec<f64>| {
+        let round_walls = |walls: &mut dyn Iterator<Item = f64>| {
             walls
-                .iter()
                 .map(|w| format!("{w:.3}"))
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        let engine_walls = round_walls(runs.iter().map(|r| r.wall.as_secs_f64()).collect());
-        let floor_walls = round_walls(floors.iter().map(|f| f.0).collect());
+        let engine_walls = round_walls(&mut runs.iter().map(|r| r.wall.as_secs_f64()));
+        let floor_walls = round_walls(&mut floors.iter().map(|f| f.0));
         runs.sort_by_key(|r| r.wall);
         let r = runs.swap_remove(runs.len() / 2);
         floors.sort_by(|a, b| a.0.total_cmp(&b.0));
