@@ -664,8 +664,8 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         // table is), alternated so that neither always runs second on a
         // machine whose speed drifts; medians of each.
         let mut runs: Vec<RunReport> = Vec::new();
-        let mut floors: Vec<(f64, f64)> = Vec::new();
-        let floor = || raw_limit(&dir.join("events"), &dir.join("raw"), true);
+        let mut floors: Vec<Floor> = Vec::new();
+        let floor = || raw_limit_process(&dir.join("events"), &dir.join("raw"), true);
         for round in 0..cfg.repeat.max(1) {
             for made in ["ckpt/backfill", "out/backfill", "raw"] {
                 if dir.join(made).exists() {
@@ -691,7 +691,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         let rounds: Vec<String> = runs
             .iter()
             .zip(&floors)
-            .map(|(r, (raw, _))| format!("{:.2}", raw / r.wall.as_secs_f64()))
+            .map(|(r, f)| format!("{:.2}", f.wall / r.wall.as_secs_f64()))
             .collect();
         let round_walls = |walls: &mut dyn Iterator<Item = f64>| {
             walls
@@ -700,11 +700,15 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
                 .join(" ")
         };
         let engine_walls = round_walls(&mut runs.iter().map(|r| r.wall.as_secs_f64()));
-        let floor_walls = round_walls(&mut floors.iter().map(|f| f.0));
+        let floor_walls = round_walls(&mut floors.iter().map(|f| f.wall));
         runs.sort_by_key(|r| r.wall);
         let r = runs.swap_remove(runs.len() / 2);
-        floors.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (raw_secs, raw_cpu) = floors[floors.len() / 2];
+        floors.sort_by(|a, b| a.wall.total_cmp(&b.wall));
+        let Floor {
+            wall: raw_secs,
+            cpu: raw_cpu,
+            peak_rss: raw_rss,
+        } = floors[floors.len() / 2];
         let secs = r.wall.as_secs_f64();
         let out_files = r.sum("output_files");
         let out_bytes = r.sum("output_bytes");
@@ -745,7 +749,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
         );
 
         // 2. raw limit on the same files (run in the rounds above)
-        let (flat_secs, _) = raw_limit(&dir.join("events"), &dir.join("raw-flat"), false)?;
+        let flat_secs = raw_limit_process(&dir.join("events"), &dir.join("raw-flat"), false)?.wall;
         figure(
             "raw.wall",
             format!("{raw_secs:.3}"),
@@ -758,6 +762,11 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
             "rows/s",
         );
         figure("raw.cpu", format!("{raw_cpu:.2}"), "cpu-s");
+        figure(
+            "raw.peak_rss",
+            format!("{:.1}", raw_rss as f64 / (1 << 20) as f64),
+            "MiB",
+        );
         figure(
             "ratio.backfill_over_raw",
             format!("{:.2}", raw_secs / secs),
@@ -1215,13 +1224,72 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `lakestream bench-floor`: the raw floor over `input`, in this process,
+/// reporting the process's CPU seconds and peak RSS at its end (the
+/// parent times the process from spawn to exit).
+pub(crate) fn floor_process(input: &Path, out: &Path, partitioned: bool) -> anyhow::Result<()> {
+    raw_limit(input, out, partitioned)?;
+    let (cpu, rss) = resources();
+    println!(
+        "lakestream-floor: {}",
+        serde_json::json!({ "cpu_seconds": cpu, "peak_rss_bytes": rss })
+    );
+    Ok(())
+}
+
+/// What one run of the raw floor took.
+#[derive(Clone, Copy)]
+struct Floor {
+    /// Spawn to exit (s).
+    wall: f64,
+    /// The process's CPU seconds.
+    cpu: f64,
+    /// Its peak RSS (bytes).
+    peak_rss: u64,
+}
+
+/// The raw floor over `input` in a child process (`lakestream
+/// bench-floor`), as the backfill runs: a fresh process, timed from spawn
+/// to exit.
+fn raw_limit_process(input: &Path, out: &Path, partitioned: bool) -> anyhow::Result<Floor> {
+    let start = Instant::now();
+    let child = Command::new(std::env::current_exe()?)
+        .arg("bench-floor")
+        .arg(input)
+        .arg(out)
+        .args((!partitioned).then_some("--flat"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()?;
+    let wall = start.elapsed().as_secs_f64();
+    if !child.status.success() {
+        bail!(
+            "the raw floor's process failed: {}",
+            String::from_utf8_lossy(&child.stderr)
+        );
+    }
+    let report: serde_json::Value = String::from_utf8_lossy(&child.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("lakestream-floor: "))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .context("no report from the raw floor's process")?;
+    Ok(Floor {
+        wall,
+        cpu: report["cpu_seconds"].as_f64().unwrap_or(0.0),
+        peak_rss: report["peak_rss_bytes"].as_u64().unwrap_or(0),
+    })
+}
+
 /// Decode the JSON files with arrow-json, filter, add the day column and
 /// write snappy Parquet with the same writer settings, on 2 threads: no
-/// checkpoint, no Delta, no DataFusion. Returns (wall s, cpu s).
+/// checkpoint, no Delta, no DataFusion.
 ///
 /// `partitioned`: as the backfill's table, each thread writes one file per
-/// day (kept open across its input files) instead of one per input file.
-fn raw_limit(input: &Path, out: &Path, partitioned: bool) -> anyhow::Result<(f64, f64)> {
+/// day instead of one per input file. A day's file stays open across input
+/// files and is closed once the input has moved past that day (the bench's
+/// input is in time order), so the floor holds a few days' row groups in
+/// memory rather than the whole output.
+fn raw_limit(input: &Path, out: &Path, partitioned: bool) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(input)?
         .map(|e| e.map(|e| e.path()))
@@ -1235,8 +1303,6 @@ fn raw_limit(input: &Path, out: &Path, partitioned: bool) -> anyhow::Result<(f64
         Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true),
     ]));
     let threads = std::thread::available_parallelism()?.get().min(2);
-    let (cpu0, _) = resources();
-    let start = Instant::now();
     std::thread::scope(|s| -> anyhow::Result<()> {
         let mut handles = Vec::new();
         for t in 0..threads {
@@ -1254,10 +1320,7 @@ fn raw_limit(input: &Path, out: &Path, partitioned: bool) -> anyhow::Result<(f64
             h.join().expect("raw thread")?;
         }
         Ok(())
-    })?;
-    let wall = start.elapsed().as_secs_f64();
-    let (cpu1, _) = resources();
-    Ok((wall, cpu1 - cpu0))
+    })
 }
 
 /// Where the raw loop writes: one file per input file, or one per day.
@@ -1267,6 +1330,9 @@ struct RawSink<'a> {
     partitioned: bool,
     /// The open writers: per day (partitioned), or the current file's.
     writers: std::collections::HashMap<i32, parquet::arrow::ArrowWriter<std::fs::File>>,
+    /// Files closed so far per day (partitioned): a day seen again after
+    /// its file was closed gets a new file.
+    closed: std::collections::HashMap<i32, usize>,
 }
 
 impl<'a> RawSink<'a> {
@@ -1276,6 +1342,7 @@ impl<'a> RawSink<'a> {
             thread,
             partitioned,
             writers: Default::default(),
+            closed: Default::default(),
         }
     }
 
@@ -1315,14 +1382,34 @@ impl<'a> RawSink<'a> {
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let dir = self.out.join(format!("day={d}"));
                     std::fs::create_dir_all(&dir)?;
+                    let n = self.closed.get(&d).copied().unwrap_or(0);
                     e.insert(parquet::arrow::ArrowWriter::try_new(
-                        std::fs::File::create(dir.join(format!("part-{}.parquet", self.thread)))?,
+                        std::fs::File::create(
+                            dir.join(format!("part-{}-{n}.parquet", self.thread)),
+                        )?,
                         batch.schema(),
                         Some(Self::props()),
                     )?)
                 }
             };
             w.write(&batch.slice(r.start, r.end - r.start))?;
+        }
+        // Days before this batch's first one are done when the input is in
+        // time order (the bench's is): their files are closed now, so the
+        // floor holds a few days' row groups, not the whole output.
+        if let Some(first) = runs.ranges().first().map(|r| days.value(r.start)) {
+            let done: Vec<i32> = self
+                .writers
+                .keys()
+                .copied()
+                .filter(|d| *d < first)
+                .collect();
+            for d in done {
+                if let Some(w) = self.writers.remove(&d) {
+                    w.close()?;
+                    *self.closed.entry(d).or_default() += 1;
+                }
+            }
         }
         Ok(())
     }

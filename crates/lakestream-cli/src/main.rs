@@ -249,6 +249,19 @@ enum Command {
         #[arg(long)]
         smoke: bool,
     },
+    /// The bench's raw floor in a process of its own (run by `bench`, so
+    /// that the floor, like the backfill it is compared with, pays a
+    /// process's start and a fresh heap).
+    #[command(hide = true)]
+    BenchFloor {
+        /// The JSON-lines events.
+        input: PathBuf,
+        /// Where the Parquet files go.
+        out: PathBuf,
+        /// One file per input file instead of one per day per thread.
+        #[arg(long)]
+        flat: bool,
+    },
     /// Maintain a Delta table: compact, vacuum, checkpoint, history, lineage.
     #[command(after_help = "Examples:\n  \
         lakestream table optimize s3://bucket/events/ --target-size 128MiB\n  \
@@ -610,6 +623,11 @@ fn main() -> ExitCode {
                 tables,
                 storage,
             } => report(query::query(&sql, &format, &tables, &storage.options()).await),
+            Command::BenchFloor { input, out, flat } => report(
+                tokio::task::spawn_blocking(move || bench::floor_process(&input, &out, !flat))
+                    .await
+                    .unwrap_or_else(|e| Err(anyhow::anyhow!("bench floor panicked: {e}"))),
+            ),
             Command::Bench {
                 dir,
                 rows,

@@ -36,6 +36,8 @@ fn the_benchmark_prints_every_figure() {
         "backfill.batches",
         "backfill.output_files",
         "raw.throughput",
+        "raw.cpu",
+        "raw.peak_rss",
         "ratio.backfill_over_raw",
         "windowed.throughput",
         "windowed.groups_written",
