@@ -1333,6 +1333,9 @@ struct RawSink<'a> {
     /// Files closed so far per day (partitioned): a day seen again after
     /// its file was closed gets a new file.
     closed: std::collections::HashMap<i32, usize>,
+    /// The `fsync`s of closed files, each on a thread of its own (the
+    /// engine's data files are synced in the background too).
+    syncs: Vec<std::thread::JoinHandle<std::io::Result<()>>>,
 }
 
 impl<'a> RawSink<'a> {
@@ -1343,6 +1346,7 @@ impl<'a> RawSink<'a> {
             partitioned,
             writers: Default::default(),
             closed: Default::default(),
+            syncs: Vec::new(),
         }
     }
 
@@ -1406,7 +1410,7 @@ impl<'a> RawSink<'a> {
                 .collect();
             for d in done {
                 if let Some(w) = self.writers.remove(&d) {
-                    w.close()?;
+                    self.finish(w)?;
                     *self.closed.entry(d).or_default() += 1;
                 }
             }
@@ -1414,15 +1418,28 @@ impl<'a> RawSink<'a> {
         Ok(())
     }
 
+    /// Close `w`'s file and start its `fsync`.
+    fn finish(&mut self, w: parquet::arrow::ArrowWriter<std::fs::File>) -> anyhow::Result<()> {
+        let file = w.into_inner()?;
+        self.syncs.push(std::thread::spawn(move || file.sync_all()));
+        Ok(())
+    }
+
     fn close_all(&mut self) -> anyhow::Result<()> {
-        for (_, w) in self.writers.drain() {
-            w.close()?;
+        let open: Vec<_> = self.writers.drain().map(|(_, w)| w).collect();
+        for w in open {
+            self.finish(w)?;
         }
         Ok(())
     }
 
+    /// Close every file and wait until all are on disk.
     fn close(mut self) -> anyhow::Result<()> {
-        self.close_all()
+        self.close_all()?;
+        for s in self.syncs.drain(..) {
+            s.join().expect("sync thread")?;
+        }
+        Ok(())
     }
 }
 
