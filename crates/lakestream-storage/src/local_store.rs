@@ -19,6 +19,10 @@
 //! cannot be synced fails that commit and every later one of the process
 //! (the disk may have dropped its pages): a restart replays the batch into
 //! new files.
+//! Puts and upload parts are written in pieces of at most
+//! [`WRITE_PIECE`] bytes: on Linux 6.18 (ext4) a backfill that wrote
+//! each Parquet file in one `write` spent 0.25-0.34 s of system time in
+//! the kernel's page-cache copy, against 0.12-0.19 s in 64 KiB pieces.
 //! Everything else is the stock `LocalFileSystem`.
 
 use std::ops::Range;
@@ -34,6 +38,27 @@ use object_store::{
     ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
     UploadPart,
 };
+
+/// The most bytes one `write` call takes (see the module documentation).
+pub const WRITE_PIECE: usize = 64 << 10;
+
+/// `payload` as pieces of at most [`WRITE_PIECE`] bytes: slices of the
+/// same buffers, nothing copied. The stock store writes a payload one
+/// `write_all` per piece.
+fn in_pieces(payload: PutPayload) -> PutPayload {
+    if payload.iter().all(|b| b.len() <= WRITE_PIECE) {
+        return payload;
+    }
+    payload
+        .into_iter()
+        .flat_map(|b| {
+            (0..b.len())
+                .step_by(WRITE_PIECE)
+                .map(move |at| b.slice(at..(at + WRITE_PIECE).min(b.len())))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
 
 /// `fsync` the file at object path `location` and its directory.
 async fn sync(location: &Path) -> Result<()> {
@@ -140,7 +165,7 @@ struct SyncedUpload {
 #[async_trait]
 impl MultipartUpload for SyncedUpload {
     fn put_part(&mut self, data: PutPayload) -> UploadPart {
-        self.inner.put_part(data)
+        self.inner.put_part(in_pieces(data))
     }
 
     async fn complete(&mut self) -> Result<PutResult> {
@@ -260,6 +285,7 @@ impl ObjectStore for FastLocalStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
+        let payload = in_pieces(payload);
         if in_log(location) {
             data_files_synced().await?;
             let r = self.inner.put_opts(location, payload, opts).await?;
@@ -356,6 +382,57 @@ impl ObjectStore for FastLocalStore {
 mod tests {
     use super::*;
     use futures::TryStreamExt;
+
+    /// Bytes of a payload of several buffers, some larger than a write
+    /// piece, come back whole and in order, by put and by multipart upload.
+    #[tokio::test]
+    async fn a_payload_written_in_pieces_reads_back_whole() {
+        let buffers: Vec<Bytes> = [150_000usize, 10, WRITE_PIECE, 200_001]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                (0..*n)
+                    .map(|j| (j * 7 + i) as u8)
+                    .collect::<Vec<u8>>()
+                    .into()
+            })
+            .collect();
+        let whole: Vec<u8> = buffers.iter().flat_map(|b| b.to_vec()).collect();
+        let pieces = in_pieces(buffers.iter().cloned().collect());
+        assert!(
+            pieces
+                .iter()
+                .all(|b| !b.is_empty() && b.len() <= WRITE_PIECE)
+        );
+        assert_eq!(
+            pieces.iter().flat_map(|b| b.to_vec()).collect::<Vec<u8>>(),
+            whole
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = FastLocalStore::new();
+        let root = Path::from_filesystem_path(dir.path()).unwrap();
+        let put = root.clone().join("put.parquet");
+        store
+            .put(&put, buffers.iter().cloned().collect())
+            .await
+            .unwrap();
+        let uploaded = root.clone().join("multipart.parquet");
+        let mut upload = store.put_multipart(&uploaded).await.unwrap();
+        upload
+            .put_part(buffers[..2].iter().cloned().collect())
+            .await
+            .unwrap();
+        upload
+            .put_part(buffers[2..].iter().cloned().collect())
+            .await
+            .unwrap();
+        upload.complete().await.unwrap();
+        for p in [put, uploaded] {
+            let read = store.get(&p).await.unwrap().bytes().await.unwrap();
+            assert_eq!(read.as_ref(), whole.as_slice(), "{p}");
+        }
+    }
 
     #[tokio::test]
     async fn a_commit_is_written_only_once_the_data_files_before_it_are_synced() {
