@@ -1370,13 +1370,15 @@ impl<'a> RawSink<'a> {
         Ok(())
     }
 
-    /// Write `batch`, whose last column is the day.
+    /// Write `batch`, whose last column is the day. Partitioned, the day
+    /// is in the file's path and not written into it, as in the table.
     fn write(&mut self, batch: &RecordBatch) -> anyhow::Result<()> {
         if !self.partitioned {
             self.writers.get_mut(&0).expect("begun").write(batch)?;
             return Ok(());
         }
         let day = batch.column(batch.num_columns() - 1);
+        let data = batch.project(&(0..batch.num_columns() - 1).collect::<Vec<_>>())?;
         let runs = arrow::compute::partition(std::slice::from_ref(day))?;
         let days = day.as_primitive::<arrow::datatypes::Date32Type>();
         for r in runs.ranges() {
@@ -1391,12 +1393,12 @@ impl<'a> RawSink<'a> {
                         std::fs::File::create(
                             dir.join(format!("part-{}-{n}.parquet", self.thread)),
                         )?,
-                        batch.schema(),
+                        data.schema(),
                         Some(Self::props()),
                     )?)
                 }
             };
-            w.write(&batch.slice(r.start, r.end - r.start))?;
+            w.write(&data.slice(r.start, r.end - r.start))?;
         }
         // Days before this batch's first one are done when the input is in
         // time order (the bench's is): their files are closed now, so the
@@ -1471,10 +1473,18 @@ fn raw_one(file: &Path, sink: &mut RawSink<'_>, schema: Arc<Schema>) -> anyhow::
         let keep =
             arrow::compute::kernels::cmp::gt(amount, &arrow::array::Float64Array::new_scalar(0.0))?;
         let batch = arrow::compute::filter_record_batch(&batch, &keep)?;
+        // The naive time is UTC: the unit is cast and the zone set, as the
+        // sink does (arrow's cast to a zone converts every value).
         let ts = arrow::compute::cast(
             batch.column(4),
-            &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            &DataType::Timestamp(TimeUnit::Microsecond, None),
         )?;
+        let ts = arrow::array::make_array(
+            ts.to_data()
+                .into_builder()
+                .data_type(out_schema.field(4).data_type().clone())
+                .build()?,
+        );
         let day = arrow::compute::cast(batch.column(4), &DataType::Date32)?;
         let mut cols = batch.columns()[..4].to_vec();
         cols.push(ts);
