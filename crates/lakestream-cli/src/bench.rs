@@ -181,17 +181,41 @@ fn run_job_with(dir: &Path, job: &str, ckpt: &str, extra: &[&str]) -> anyhow::Re
     if !out.status.success() {
         bail!("lakestream run {job} failed: {stderr}");
     }
-    let res: serde_json::Value = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("lakestream-resources: "))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .context("no resource report from the run")?;
+    let (cpu_seconds, peak_rss) =
+        reported_resources(&stderr).context("no resource report from the run")?;
     Ok(RunReport {
         wall,
-        cpu_seconds: res["cpu_seconds"].as_f64().unwrap_or(0.0),
-        peak_rss: res["peak_rss_bytes"].as_u64().unwrap_or(0),
+        cpu_seconds,
+        peak_rss,
         progress,
     })
+}
+
+/// The prefix of the line on which a child process reports its resources.
+const RESOURCES_LINE: &str = "lakestream-resources: ";
+
+/// Report this process's CPU seconds and peak RSS on stderr, for the bench
+/// that started it (`lakestream run` with `LAKESTREAM_REPORT_RESOURCES`,
+/// `lakestream bench-floor`).
+pub(crate) fn report_resources() {
+    let (cpu, rss) = resources();
+    eprintln!(
+        "{RESOURCES_LINE}{}",
+        serde_json::json!({ "cpu_seconds": cpu, "peak_rss_bytes": rss })
+    );
+}
+
+/// The CPU seconds and peak RSS a child reported in `stderr`
+/// ([`report_resources`]).
+fn reported_resources(stderr: &str) -> Option<(f64, u64)> {
+    let res: serde_json::Value = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(RESOURCES_LINE))
+        .and_then(|l| serde_json::from_str(l).ok())?;
+    Some((
+        res["cpu_seconds"].as_f64().unwrap_or(0.0),
+        res["peak_rss_bytes"].as_u64().unwrap_or(0),
+    ))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -1229,11 +1253,7 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
 /// parent times the process from spawn to exit).
 pub(crate) fn floor_process(input: &Path, out: &Path, partitioned: bool) -> anyhow::Result<()> {
     raw_limit(input, out, partitioned)?;
-    let (cpu, rss) = resources();
-    println!(
-        "lakestream-floor: {}",
-        serde_json::json!({ "cpu_seconds": cpu, "peak_rss_bytes": rss })
-    );
+    report_resources();
     Ok(())
 }
 
@@ -1268,15 +1288,12 @@ fn raw_limit_process(input: &Path, out: &Path, partitioned: bool) -> anyhow::Res
             String::from_utf8_lossy(&child.stderr)
         );
     }
-    let report: serde_json::Value = String::from_utf8_lossy(&child.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("lakestream-floor: "))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .context("no report from the raw floor's process")?;
+    let (cpu, peak_rss) = reported_resources(&String::from_utf8_lossy(&child.stderr))
+        .context("no resource report from the raw floor's process")?;
     Ok(Floor {
         wall,
-        cpu: report["cpu_seconds"].as_f64().unwrap_or(0.0),
-        peak_rss: report["peak_rss_bytes"].as_u64().unwrap_or(0),
+        cpu,
+        peak_rss,
     })
 }
 

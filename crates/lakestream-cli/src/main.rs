@@ -837,11 +837,7 @@ async fn run(
     });
     let result = handle.await_termination().await;
     if std::env::var_os("LAKESTREAM_REPORT_RESOURCES").is_some() {
-        let (cpu, rss) = bench::resources();
-        eprintln!(
-            "lakestream-resources: {}",
-            serde_json::json!({ "cpu_seconds": cpu, "peak_rss_bytes": rss })
-        );
+        bench::report_resources();
     }
     let _ = printer.await;
     match result {

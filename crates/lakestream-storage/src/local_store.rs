@@ -55,7 +55,6 @@ fn in_pieces(payload: PutPayload) -> PutPayload {
             (0..b.len())
                 .step_by(WRITE_PIECE)
                 .map(move |at| b.slice(at..(at + WRITE_PIECE).min(b.len())))
-                .collect::<Vec<_>>()
         })
         .collect()
 }
