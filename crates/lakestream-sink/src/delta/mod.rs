@@ -59,6 +59,7 @@ use lakestream_storage::Location;
 mod append;
 mod maintenance;
 mod merge;
+mod partition_files;
 mod positions;
 mod schema;
 mod txn;
@@ -684,7 +685,7 @@ impl Sink for DeltaSink {
                 let config = WriterConfig::new(
                     ev.schema.clone(),
                     loaded.meta.metadata().partition_columns().to_vec(),
-                    Some(props),
+                    Some(props.clone()),
                     std::num::NonZeroU64::new(self.options.target_file_size),
                     None,
                     buoyant_kernel::table_properties::DataSkippingNumIndexedCols::NumColumns(32),
@@ -698,7 +699,7 @@ impl Sink for DeltaSink {
             _ => writer::FileWriter::Blind(Box::new(
                 RecordBatchWriter::for_blind_appends(&loaded.meta)
                     .map_err(write_err)?
-                    .with_writer_properties(props)
+                    .with_writer_properties(props.clone())
                     .with_target_file_size(self.options.target_file_size),
             )),
         };
@@ -722,6 +723,20 @@ impl Sink for DeltaSink {
                 .unwrap_or_default(),
             writer::FileWriter::Evolving(_) => Vec::new(),
         };
+        let files = if partitions.is_empty() {
+            None
+        } else {
+            let table_schema = loaded.meta.arrow_schema().map_err(write_err)?;
+            partition_files::PartitionFiles::new(
+                loaded.meta.object_store(),
+                &table_schema,
+                loaded.meta.metadata().partition_columns(),
+                &schema,
+                props,
+                std::num::NonZeroU64::new(self.options.target_file_size),
+                loaded.meta.metadata().configuration(),
+            )
+        };
         Ok(Box::new(DeltaBatchWriter {
             table: self.name.clone(),
             batch_id,
@@ -729,6 +744,7 @@ impl Sink for DeltaSink {
             by_name,
             writer,
             partitions,
+            files,
             rows: 0,
         }))
     }

@@ -12,6 +12,7 @@ use buoyant_kernel::expressions::Scalar;
 use deltalake::kernel::scalars::ScalarExt;
 use indexmap::IndexMap;
 
+use super::partition_files::PartitionFiles;
 use super::schema::by_name;
 use super::*;
 
@@ -43,6 +44,9 @@ pub(super) struct DeltaBatchWriter {
     /// The table's partition columns and where they sit in `schema`
     /// (empty: unpartitioned, or a writer that splits for itself).
     pub(super) partitions: Vec<(String, usize)>,
+    /// The runs' files, closed early once the input moves past their
+    /// partition (`None`: the runs go to `writer`).
+    pub(super) files: Option<PartitionFiles>,
     pub(super) rows: u64,
 }
 
@@ -100,6 +104,21 @@ impl BatchWriter for DeltaBatchWriter {
         self.rows += batch.num_rows() as u64;
         let runs = self.runs(&batch);
         let written = match (&mut self.writer, runs) {
+            (FileWriter::Blind(_), Some(runs)) if self.files.is_some() => {
+                let files = self.files.as_mut().expect("checked");
+                let per_row = batch.get_array_memory_size() / batch.num_rows();
+                let mut written = Ok(());
+                for (start, len, values) in runs {
+                    written = files
+                        .write(&batch.slice(start, len), &values, len * per_row)
+                        .await;
+                    if written.is_err() {
+                        break;
+                    }
+                }
+                files.advance(batch.num_rows() as u64);
+                written
+            }
             (FileWriter::Blind(w), Some(runs)) => {
                 let mut written = Ok(());
                 for (start, len, values) in runs {
@@ -131,6 +150,13 @@ impl BatchWriter for DeltaBatchWriter {
         let adds = match self.writer {
             FileWriter::Blind(mut w) => w.flush().await,
             FileWriter::Evolving(w) => w.close().await,
+        };
+        let adds = match (adds, self.files) {
+            (Ok(mut adds), Some(files)) => files.finish().await.map(|more| {
+                adds.extend(more);
+                adds
+            }),
+            (adds, _) => adds,
         };
         let adds = adds.map_err(|e| Error::Write {
             table: self.table.clone(),
