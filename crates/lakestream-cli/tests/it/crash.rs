@@ -67,6 +67,45 @@ fn sigkill_while_large_files_are_read_in_line_ranges_keeps_every_row_exactly_onc
     assert_verified_batches(dir, kills, 6);
 }
 
+/// Three files of four days each, in time order: a short day, a long one,
+/// a short one, a long one. Each file is one batch, read in two line
+/// ranges, one per core, so each range holds a short day and then more than
+/// 32,768 rows of the next: every batch closes the short days' files while
+/// it still reads (the sink's early close). Killed at random moments and
+/// restarted, the job writes what a run without kills writes.
+#[test]
+fn sigkill_while_batches_close_the_days_their_input_has_left_writes_what_a_clean_run_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let mut rows = 0;
+    for f in 0..3 {
+        let mut body = String::new();
+        for (d, n) in [2_000, 34_000, 2_000, 34_000].into_iter().enumerate() {
+            let day = 1 + 4 * f + d;
+            for r in 0..n {
+                body.push_str(&format!(
+                    "{{\"event_id\":\"ev-{f}-{d}-{r:05}\",\"user_id\":{},\"event_type\":\"click\",\"amount\":1.5,\"ts\":\"2026-01-{day:02}T10:00:00Z\"}}\n",
+                    r % 7
+                ));
+            }
+            rows += n;
+        }
+        std::fs::write(input.join(format!("events-{f}.json")), body).unwrap();
+    }
+    let job = |table: &str| events_job(&input, &dir.join(table), 1);
+    let clean = killed_run_writes_the_clean_table(dir, &job, 6, 2);
+    assert_eq!(clean.len(), rows, "every row once");
+    let days = query(dir, "SELECT count(DISTINCT day) AS days FROM 'clean'");
+    assert_eq!(days[0]["days"], 12);
+    // One batch a file, each in the table once.
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["batches_in_table"], 3, "{report}");
+}
+
 #[test]
 fn a_crash_loop_whose_kills_come_after_the_job_is_done_starts_over_until_they_land() {
     let tmp = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@
 //! enforce monotonic txn versions, so this check is made on every commit, and
 //! again after a commit conflict.
 //!
-//! Data files stream out through delta-rs's `RecordBatchWriter`: Parquet
+//! Data files stream out through delta-rs's writers: Parquet
 //! files roll at the target file size, so memory is bounded by the open
 //! files, not by the batch or the table.
 //!

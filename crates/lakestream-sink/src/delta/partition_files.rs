@@ -10,7 +10,11 @@
 //! input is closed on a task of its own while the input goes on. A
 //! partition that comes back after that gets a new file and is then kept
 //! open to the end, so unordered input costs at most one extra file per
-//! partition and batch. All files are still part of the batch's one commit.
+//! partition and batch. Input whose partitions all stay busy (unordered)
+//! has its largest open file closed while the open files hold more than
+//! [`OPEN_BYTES_BUDGET`] of input, so a writer's memory does not grow with
+//! the batch. All files are still part of the batch's one commit: a batch
+//! that fails or is killed leaves them unreferenced, as before.
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU64;
