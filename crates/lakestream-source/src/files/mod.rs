@@ -209,12 +209,9 @@ impl TextCompression {
     }
 }
 
-/// Default `max_bytes_per_trigger`: how much input a batch takes (the work
-/// a crash repeats, the files its write-ahead lists). Memory is bounded by
-/// the Delta sink's writers whatever the batch's size (partitions the input
-/// has left are closed, the largest open files past a budget); fewer batch
-/// ends make a backfill faster.
-pub const DEFAULT_MAX_BYTES_PER_TRIGGER: u64 = 256 << 20;
+/// Default `max_bytes_per_trigger`: bounds a batch's open output files, and
+/// so memory, whatever the input total.
+pub const DEFAULT_MAX_BYTES_PER_TRIGGER: u64 = 64 << 20;
 
 impl FileSourceOptions {
     /// Options with the default byte cap ([`DEFAULT_MAX_BYTES_PER_TRIGGER`]),
