@@ -10,10 +10,11 @@
 //! input is closed on a task of its own while the input goes on. A
 //! partition that comes back after that gets a new file and is then kept
 //! open to the end, so unordered input costs at most one extra file per
-//! partition and batch. Input whose partitions all stay busy (unordered)
-//! has its largest open file closed while the open files hold more than
-//! [`OPEN_BYTES_BUDGET`] of input, so a writer's memory does not grow with
-//! the batch. All files are still part of the batch's one commit: a batch
+//! partition and batch. Input whose partitions all stay busy has its
+//! largest open file closed while the open files hold more than
+//! [`OPEN_BYTES_BUDGET`] of input. (Record batches of many runs, unordered
+//! partition values, take delta-rs's split instead: the batch writer's
+//! `MAX_RUNS`; for them the source's per-batch byte cap bounds memory.) All files are still part of the batch's one commit: a batch
 //! that fails or is killed leaves them unreferenced, as before.
 
 use std::collections::{HashMap, HashSet};
