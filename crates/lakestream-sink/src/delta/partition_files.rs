@@ -12,7 +12,7 @@
 //! open to the end, so unordered input costs at most one extra file per
 //! partition and batch. Input whose partitions all stay busy has its
 //! largest open file closed while the open files hold more than
-//! [`OPEN_BYTES_BUDGET`] of input. (Record batches of many runs, unordered
+//! [`OPEN_BYTES_BUDGET`] of input (a coarse cap). (Record batches of many runs, unordered
 //! partition values, take delta-rs's split instead: the batch writer's
 //! `MAX_RUNS`; for them the source's per-batch byte cap bounds memory.) All files are still part of the batch's one commit: a batch
 //! that fails or is killed leaves them unreferenced, as before.
@@ -39,10 +39,10 @@ use arrow::datatypes::SchemaRef;
 pub(super) const IDLE_ROWS: u64 = 32 * 1024;
 
 /// Past this many bytes of input (Arrow size) held in a writer's open
-/// files, its largest open file is closed: the bound on the memory of a
-/// batch whose partitions all stay busy (unordered input), whatever the
-/// batch's size. Encoded and compressed, the open files hold a fraction
-/// of it.
+/// files, its largest open file is closed. A coarse cap on input, not on
+/// memory: Parquet's writers for many busy partitions hold more than their
+/// input's share (dictionaries, hash tables, pages), so the source's
+/// per-batch byte cap stays what bounds memory (docs/benchmarks.md).
 pub(super) const OPEN_BYTES_BUDGET: usize = 128 << 20;
 
 type Closed = Result<Vec<Add>, DeltaTableError>;
