@@ -12,10 +12,11 @@
 //! open to the end, so unordered input costs at most one extra file per
 //! partition and batch. Input whose partitions all stay busy has its
 //! largest open file closed while the open files hold more than
-//! [`OPEN_BYTES_BUDGET`] of input (a coarse cap). (Record batches of many runs, unordered
-//! partition values, take delta-rs's split instead: the batch writer's
-//! `MAX_RUNS`; for them the source's per-batch byte cap bounds memory.) All files are still part of the batch's one commit: a batch
-//! that fails or is killed leaves them unreferenced, as before.
+//! [`OPEN_BYTES_BUDGET`] of input (a coarse cap). Record batches of many
+//! runs (unordered partition values) take delta-rs's split instead (the
+//! batch writer's `MAX_RUNS`); for them the source's per-batch byte cap
+//! bounds memory. All files are still part of the batch's one commit: a
+//! batch that fails or is killed leaves them unreferenced, as before.
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU64;
