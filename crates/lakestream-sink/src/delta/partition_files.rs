@@ -236,8 +236,9 @@ impl PartitionFiles {
     /// awaited (an upload cut off mid-way leaves parts a vacuum cannot
     /// see); the first error is returned.
     pub(super) async fn finish(mut self) -> Result<Vec<Add>, DeltaTableError> {
-        for (_, open) in std::mem::take(&mut self.open) {
-            self.closing.spawn(open.writer.close());
+        let keys: Vec<String> = self.open.keys().cloned().collect();
+        for key in keys {
+            self.close(&key);
         }
         let mut adds = Vec::new();
         let mut first_err = None;

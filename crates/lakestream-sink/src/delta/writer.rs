@@ -103,9 +103,8 @@ impl BatchWriter for DeltaBatchWriter {
             })?;
         self.rows += batch.num_rows() as u64;
         let runs = self.runs(&batch);
-        let written = match (&mut self.writer, runs) {
-            (FileWriter::Blind(_), Some(runs)) if self.files.is_some() => {
-                let files = self.files.as_mut().expect("checked");
+        let written = match (&mut self.writer, runs, self.files.as_mut()) {
+            (FileWriter::Blind(_), Some(runs), Some(files)) => {
                 let per_row = batch.get_array_memory_size() / batch.num_rows();
                 let mut written = Ok(());
                 for (start, len, values) in runs {
@@ -119,7 +118,7 @@ impl BatchWriter for DeltaBatchWriter {
                 files.advance(batch.num_rows() as u64);
                 written
             }
-            (FileWriter::Blind(w), Some(runs)) => {
+            (FileWriter::Blind(w), Some(runs), None) => {
                 let mut written = Ok(());
                 for (start, len, values) in runs {
                     written = w
@@ -136,8 +135,8 @@ impl BatchWriter for DeltaBatchWriter {
                 }
                 written
             }
-            (FileWriter::Blind(w), None) => w.write(batch).await,
-            (FileWriter::Evolving(w), _) => w.write(&batch).await,
+            (FileWriter::Blind(w), None, _) => w.write(batch).await,
+            (FileWriter::Evolving(w), _, _) => w.write(&batch).await,
         };
         written.map_err(|e| Error::Write {
             table: self.table.clone(),
