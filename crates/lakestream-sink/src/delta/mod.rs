@@ -703,12 +703,10 @@ impl Sink for DeltaSink {
                     .with_target_file_size(self.options.target_file_size),
             )),
         };
+        let table_schema = loaded.meta.arrow_schema().map_err(write_err)?;
         let (schema, by_name) = match evolution {
             Some(ev) => (delta_schema(&ev.schema), true),
-            None => (
-                delta_schema(loaded.meta.arrow_schema().map_err(write_err)?.as_ref()),
-                false,
-            ),
+            None => (delta_schema(table_schema.as_ref()), false),
         };
         // Where the partition columns sit in the batches, for the run split
         // (the blind writer only: an evolving writer has no partitions).
@@ -726,7 +724,6 @@ impl Sink for DeltaSink {
         let files = if partitions.is_empty() {
             None
         } else {
-            let table_schema = loaded.meta.arrow_schema().map_err(write_err)?;
             partition_files::PartitionFiles::new(
                 loaded.meta.object_store(),
                 &table_schema,
