@@ -216,7 +216,11 @@ impl QueryBuilder {
     /// Write a further output each batch: another query over the same
     /// batch's input (read once) into another sink, committed with its own
     /// transaction for the batch id. At most one output of a query may
-    /// aggregate or deduplicate.
+    /// aggregate or deduplicate. With several outputs the batch's input is
+    /// held in memory while they run, so its size is what the sources' caps
+    /// allow: give a file source a `max_bytes_per_trigger` that fits (the
+    /// SQL job uses 64 MiB,
+    /// `lakestream_source::files::MATERIALIZED_MAX_BYTES_PER_TRIGGER`).
     pub fn output(mut self, output: Output) -> Self {
         self.outputs.push(output);
         self

@@ -10,8 +10,8 @@ use lakestream_sink::delta::{DeltaSink, DeltaSinkOptions};
 use super::{SinkConnector, TableContext};
 use crate::Result;
 
-/// Builds [`DeltaSink`]s: `target_file_size`, `compression`,
-/// `auto_compact_every`, `checkpoint_interval`, `merge_schema`;
+/// Builds [`DeltaSink`]s: `target_file_size`, `unordered_flush_size`,
+/// `compression`, `auto_compact_every`, `checkpoint_interval`, `merge_schema`;
 /// `PARTITIONED BY` columns.
 #[derive(Debug, Default)]
 pub struct DeltaConnector;
@@ -21,6 +21,7 @@ impl SinkConnector for DeltaConnector {
     fn options(&self) -> &'static [&'static str] {
         &[
             "target_file_size",
+            "unordered_flush_size",
             "compression",
             "auto_compact_every",
             "checkpoint_interval",
@@ -38,6 +39,9 @@ impl SinkConnector for DeltaConnector {
         o.auto_compact_every = ctx.number("auto_compact_every")?.filter(|n| *n > 0);
         if let Some(n) = ctx.number("target_file_size")? {
             o.target_file_size = n;
+        }
+        if let Some(n) = ctx.number("unordered_flush_size")? {
+            o.unordered_flush_size = n;
         }
         if let Some(n) = ctx.number("checkpoint_interval")? {
             if n == 0 {

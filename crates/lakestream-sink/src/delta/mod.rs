@@ -72,6 +72,11 @@ use writer::DeltaBatchWriter;
 /// Default target size of a data file: 128 MiB.
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
 
+/// Default [`DeltaSinkOptions::unordered_flush_size`]: 8 MiB. Measured on
+/// 257 MB of events with a random day per row in 256 MiB batches: peak
+/// memory 216 MiB at 8 MiB, 262-304 MiB at 16 MiB, 481 MiB with no flush.
+pub const DEFAULT_UNORDERED_FLUSH_SIZE: u64 = 8 * 1024 * 1024;
+
 /// `delta.checkpointInterval` of the tables the sink creates: a Delta
 /// checkpoint every 10 commits (delta-rs's own default is 100).
 ///
@@ -101,6 +106,13 @@ pub struct DeltaSinkOptions {
     pub partition_columns: Vec<String>,
     /// Roll to a new data file past this many bytes.
     pub target_file_size: u64,
+    /// A partitioned table's batch whose partition values come unordered
+    /// (more than 64 runs in a record batch) keeps one open file per
+    /// partition; the writer closes them all each time it has taken this
+    /// many bytes (in Arrow memory) of such input, so their memory stays
+    /// bounded whatever the batch's size. The files closed early stay in
+    /// the batch's one commit. Lower: less memory, more and smaller files.
+    pub unordered_flush_size: u64,
     /// Parquet compression of data files.
     pub compression: Compression,
     /// Storage options passed to delta-rs and object_store.
@@ -127,6 +139,7 @@ impl std::fmt::Debug for DeltaSinkOptions {
         f.debug_struct("DeltaSinkOptions")
             .field("partition_columns", &self.partition_columns)
             .field("target_file_size", &self.target_file_size)
+            .field("unordered_flush_size", &self.unordered_flush_size)
             .field("compression", &self.compression)
             .field("storage_option_keys", &keys)
             .field("auto_compact_every", &self.auto_compact_every)
@@ -141,6 +154,7 @@ impl Default for DeltaSinkOptions {
         Self {
             partition_columns: Vec::new(),
             target_file_size: DEFAULT_TARGET_FILE_SIZE,
+            unordered_flush_size: DEFAULT_UNORDERED_FLUSH_SIZE,
             compression: Compression::SNAPPY,
             storage_options: HashMap::new(),
             auto_compact_every: None,
@@ -257,6 +271,7 @@ impl DeltaSink {
         let location = Location::parse(location, &options.storage_options)?;
         for (option, value) in [
             ("target_file_size", options.target_file_size),
+            ("unordered_flush_size", options.unordered_flush_size),
             ("checkpoint_interval", options.checkpoint_interval),
         ] {
             if value == 0 {
@@ -743,6 +758,9 @@ impl Sink for DeltaSink {
             partitions,
             files,
             rows: 0,
+            flush_after: usize::try_from(self.options.unordered_flush_size).unwrap_or(usize::MAX),
+            unflushed: 0,
+            flushed: Vec::new(),
         }))
     }
 

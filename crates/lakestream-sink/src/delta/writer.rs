@@ -6,9 +6,14 @@
 //! few per batch, which delta-rs's own split would pay for with a row
 //! conversion of the partition columns and a `take` of every column. A
 //! batch of many short runs (unordered partition values) still takes
-//! delta-rs's split, which gathers each partition's rows once.
+//! delta-rs's split, which gathers each partition's rows once and keeps
+//! every partition's file open; the writer closes them all (a flush whose
+//! files stay in the batch's one commit) each time that split has taken
+//! `unordered_flush_size` bytes of input, so the open files' memory does
+//! not grow with the batch.
 
 use buoyant_kernel::expressions::Scalar;
+use deltalake::kernel::Add;
 use deltalake::kernel::scalars::ScalarExt;
 use indexmap::IndexMap;
 
@@ -48,6 +53,13 @@ pub(super) struct DeltaBatchWriter {
     /// partition (`None`: the runs go to `writer`).
     pub(super) files: Option<PartitionFiles>,
     pub(super) rows: u64,
+    /// Input (Arrow bytes) delta-rs's split of a partitioned table may
+    /// take before the writer closes its open files.
+    pub(super) flush_after: usize,
+    /// Input the split has taken since its files were last closed.
+    pub(super) unflushed: usize,
+    /// The files closed before the batch's end.
+    pub(super) flushed: Vec<Add>,
 }
 
 impl DeltaBatchWriter {
@@ -135,7 +147,21 @@ impl BatchWriter for DeltaBatchWriter {
                 }
                 written
             }
-            (FileWriter::Blind(w), None, _) => w.write(batch).await,
+            (FileWriter::Blind(w), None, _) => {
+                let bytes = batch.get_array_memory_size();
+                match w.write(batch).await {
+                    Ok(()) if !self.partitions.is_empty() => {
+                        self.unflushed += bytes;
+                        if self.unflushed < self.flush_after {
+                            Ok(())
+                        } else {
+                            self.unflushed = 0;
+                            w.flush().await.map(|adds| self.flushed.extend(adds))
+                        }
+                    }
+                    written => written,
+                }
+            }
             (FileWriter::Evolving(w), _, _) => w.write(&batch).await,
         };
         written.map_err(|e| Error::Write {
@@ -150,6 +176,11 @@ impl BatchWriter for DeltaBatchWriter {
             FileWriter::Blind(mut w) => w.flush().await,
             FileWriter::Evolving(w) => w.close().await,
         };
+        let mut flushed = self.flushed;
+        let adds = adds.map(|adds| {
+            flushed.extend(adds);
+            flushed
+        });
         let adds = match (adds, self.files) {
             (Ok(mut adds), Some(files)) => files.finish().await.map(|more| {
                 adds.extend(more);

@@ -209,9 +209,17 @@ impl TextCompression {
     }
 }
 
-/// Default `max_bytes_per_trigger`: bounds a batch's open output files, and
-/// so memory, whatever the input total.
-pub const DEFAULT_MAX_BYTES_PER_TRIGGER: u64 = 64 << 20;
+/// Default `max_bytes_per_trigger`: 256 MiB. A batch streams, so its
+/// size does not set memory (the sink bounds its open files whatever the
+/// batch's size); fewer, larger batches leave the cores idle at fewer
+/// commits (a backfill measured 0.94x the raw floor at 256 MiB against
+/// 0.90x at 64 MiB). A query whose batch input is held in memory (several
+/// outputs over one read) takes [`MATERIALIZED_MAX_BYTES_PER_TRIGGER`].
+pub const DEFAULT_MAX_BYTES_PER_TRIGGER: u64 = 256 << 20;
+
+/// Default `max_bytes_per_trigger` of a job that reads each batch's input
+/// into memory once for several outputs: 64 MiB.
+pub const MATERIALIZED_MAX_BYTES_PER_TRIGGER: u64 = 64 << 20;
 
 impl FileSourceOptions {
     /// Options with the default byte cap ([`DEFAULT_MAX_BYTES_PER_TRIGGER`]),

@@ -549,3 +549,82 @@ async fn a_partitioned_batch_lands_each_row_in_its_own_partition() {
         );
     }
 }
+
+/// Unordered partition values keep one open file per partition until the
+/// writer closes them; past `unordered_flush_size` of such input it closes
+/// them mid-batch. The files closed early are in the batch's one commit
+/// with the rest, every row lands once in its own partition, and nothing
+/// is visible before the commit.
+#[tokio::test]
+async fn unordered_partitions_flushed_mid_batch_commit_every_row_once() {
+    use arrow::array::{AsArray, Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("day", DataType::Int64, false),
+    ]));
+    // Ten record batches of 1,000 rows over 20 days, each row a run of
+    // its own (delta-rs's split, not the runs' writer).
+    let batches: Vec<RecordBatch> = (0..10)
+        .map(|b| {
+            let ids: Vec<i64> = (b * 1000..(b + 1) * 1000).collect();
+            let days: Vec<i64> = ids.iter().map(|i| (i * 7) % 20).collect();
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(ids)),
+                    Arc::new(Int64Array::from(days)),
+                ],
+            )
+            .unwrap()
+        })
+        .collect();
+    let run = |flush: Option<u64>| {
+        let schema = schema.clone();
+        let batches = batches.clone();
+        async move {
+            let dir = tempfile::tempdir().unwrap();
+            let mut options = DeltaSinkOptions {
+                partition_columns: vec!["day".into()],
+                ..Default::default()
+            };
+            if let Some(f) = flush {
+                options.unordered_flush_size = f;
+            }
+            let sink = DeltaSink::try_new(dir.path().to_str().unwrap(), options).unwrap();
+            sink.open(schema).await.unwrap();
+            let mut w = sink.begin(0).await.unwrap();
+            for b in batches {
+                w.write(b).await.unwrap();
+            }
+            let staged = w.finish().await.unwrap();
+            // Written, not committed: the table has no row yet.
+            let before = crate::common::read_table(dir.path(), "SELECT id FROM t").await;
+            assert_eq!(before.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+            sink.commit(staged, &info("q", 0)).await.unwrap();
+            let adds = commit_actions(dir.path(), 1)
+                .into_iter()
+                .filter(|a| a.get("add").is_some())
+                .count();
+            let back =
+                crate::common::read_table(dir.path(), "SELECT id, day FROM t ORDER BY id").await;
+            let mut rows = Vec::new();
+            for b in &back {
+                let id = b.column(0).as_primitive::<Int64Type>();
+                let day = arrow::compute::cast(b.column(1), &DataType::Int64).unwrap();
+                let day = day.as_primitive::<Int64Type>();
+                rows.extend((0..b.num_rows()).map(|r| (id.value(r), day.value(r))));
+            }
+            (adds, rows)
+        }
+    };
+    let want: Vec<(i64, i64)> = (0..10_000).map(|i| (i, (i * 7) % 20)).collect();
+    // The default budget (8 MiB) is never reached: one file per day.
+    let (files, rows) = run(None).await;
+    assert_eq!(files, 20);
+    assert_eq!(rows, want);
+    // A budget below one record batch closes every day's file after each.
+    let (files, rows) = run(Some(1)).await;
+    assert_eq!(files, 200);
+    assert_eq!(rows, want);
+}
