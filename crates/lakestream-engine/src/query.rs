@@ -217,10 +217,9 @@ impl QueryBuilder {
     /// batch's input (read once) into another sink, committed with its own
     /// transaction for the batch id. At most one output of a query may
     /// aggregate or deduplicate. With several outputs the batch's input is
-    /// held in memory while they run, so its size is what the sources' caps
-    /// allow: give a file source a `max_bytes_per_trigger` that fits (the
-    /// SQL job uses 64 MiB,
-    /// `lakestream_source::files::MATERIALIZED_MAX_BYTES_PER_TRIGGER`).
+    /// held in memory while they run: the sources are told so
+    /// ([`lakestream_source::Source::hold_batches_in_memory`]) and a file
+    /// source then takes its `held_max_bytes_per_trigger` per batch.
     pub fn output(mut self, output: Output) -> Self {
         self.outputs.push(output);
         self

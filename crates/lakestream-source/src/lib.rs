@@ -445,6 +445,15 @@ pub trait Source: Send + Sync + Debug {
         Vec::new()
     }
 
+    /// The query keeps what a batch reads in memory while the batch runs:
+    /// its groups (a stateful aggregation) or its rows (several outputs
+    /// over one read), so a batch's size sets the query's memory. A source
+    /// whose batch size is a default meant for streaming reads (the file
+    /// source's `max_bytes_per_trigger`) takes smaller batches from its
+    /// next plan on. Called by the engine before the first plan. The
+    /// default: nothing.
+    fn hold_batches_in_memory(&self) {}
+
     /// What this source reads, recorded in the checkpoint when the query
     /// first runs and compared at every restart.
     fn identity(&self) -> SourceIdentity;

@@ -87,6 +87,18 @@ impl Driver {
                 last = Some(entry);
             }
         }
+        // A stateful aggregation keeps a batch's groups in memory, several
+        // outputs its rows (`BatchScans::materialize`): smaller batches.
+        let queries = self
+            .outputs
+            .iter()
+            .filter(|o| matches!(o.kind, super::OutputKind::Query(_)))
+            .count();
+        if self.stateful.is_some() || queries > 1 {
+            for t in &self.tables {
+                t.source().hold_batches_in_memory();
+            }
+        }
         for t in &self.tables {
             let name = t.source().name();
             // Always called: it also clears what this source object learned

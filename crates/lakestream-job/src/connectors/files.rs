@@ -8,8 +8,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use lakestream_source::Source;
 use lakestream_source::files::{
-    FileFormat, FileSource, FileSourceOptions, MATERIALIZED_MAX_BYTES_PER_TRIGGER, MissingFiles,
-    TextCompression,
+    FileFormat, FileSource, FileSourceOptions, MissingFiles, TextCompression,
 };
 
 use super::{SourceConnector, TableContext};
@@ -76,10 +75,9 @@ impl SourceConnector for FilesConnector {
         let mut fo = FileSourceOptions::new(format.clone());
         fo.max_files_per_trigger = ctx.count("max_files_per_trigger")?;
         if let Some(b) = ctx.number("max_bytes_per_trigger")? {
+            // The user's cap, whatever the query holds in memory.
             fo.max_bytes_per_trigger = Some(b);
-        } else if ctx.job().inserts.len() > 1 {
-            // Several inserts read each batch's input into memory once.
-            fo.max_bytes_per_trigger = Some(MATERIALIZED_MAX_BYTES_PER_TRIGGER);
+            fo.held_max_bytes_per_trigger = None;
         }
         if let Some(b) = ctx.count("batch_size")? {
             fo.batch_size = b;

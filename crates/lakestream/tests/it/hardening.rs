@@ -496,3 +496,73 @@ async fn errors_say_whose_move_it_is() {
     assert!(matches!(shape_err, Error::InvalidQuery(_)), "{shape_err:?}");
     assert_eq!(shape_err.kind(), lakestream::ErrorKind::User);
 }
+
+/// A query that streams its batches reads a file source at
+/// `max_bytes_per_trigger`; one that holds a batch in memory (a stateful
+/// aggregation's groups, the rows several outputs share) at the smaller
+/// `held_max_bytes_per_trigger`, unless that is unset (a cap the user
+/// chose applies to both). Every run reads every row once.
+#[tokio::test]
+async fn queries_that_hold_batches_in_memory_read_smaller_batches() {
+    use lakestream::sink::memory::MemorySink;
+    use lakestream::{Output, OutputMode, Trigger};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Eight files of 10 rows, 105-115 bytes each.
+    write_files(&dir.join("in"), 0, 8);
+    let source = |held: Option<u64>| {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let mut opts = FileSourceOptions::new(FileFormat::Json);
+        opts.max_bytes_per_trigger = Some(1 << 20);
+        opts.held_max_bytes_per_trigger = held;
+        FileSource::try_new(
+            "events",
+            dir.join("in").to_str().unwrap(),
+            &Default::default(),
+            schema,
+            opts,
+        )
+        .unwrap()
+    };
+    let run = |name: &str, held: Option<u64>, sql: &str, mode: OutputMode, second: bool| {
+        let sink = MemorySink::new("out");
+        let other = MemorySink::new("other");
+        let mut q = QueryBuilder::new()
+            .source(Arc::new(source(held)))
+            .unwrap()
+            .sql(sql)
+            .output_mode(mode)
+            .sink(Arc::new(sink.clone()))
+            .checkpoint(dir.join(name).to_str().unwrap())
+            .trigger(Trigger::AvailableNow);
+        if second {
+            q = q.output(Output::sql(
+                "SELECT id FROM events",
+                Arc::new(other.clone()),
+            ));
+        }
+        async move {
+            let summary = q.run().await.unwrap();
+            let rows: usize = sink.batches().iter().map(|b| b.num_rows()).sum();
+            let other: usize = other.batches().iter().map(|b| b.num_rows()).sum();
+            (summary.batches, rows, other)
+        }
+    };
+    let plain = "SELECT id FROM events";
+    let grouped = "SELECT id % 2 AS k, count(*) AS n FROM events GROUP BY id % 2";
+    // Streaming: all 880 bytes in one batch.
+    assert_eq!(
+        run("c1", Some(250), plain, OutputMode::Append, false).await,
+        (1, 80, 0)
+    );
+    // Two files a batch under the held cap: stateful, or two outputs.
+    let (batches, _, _) = run("c2", Some(250), grouped, OutputMode::Complete, false).await;
+    assert_eq!(batches, 4);
+    assert_eq!(
+        run("c3", Some(250), plain, OutputMode::Append, true).await,
+        (4, 80, 80)
+    );
+    // No held cap: the stateful query reads at max_bytes_per_trigger.
+    let (batches, _, _) = run("c4", None, grouped, OutputMode::Complete, false).await;
+    assert_eq!(batches, 1);
+}
