@@ -24,7 +24,11 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
         err(pos_in_message(&msg).unwrap_or_default(), msg)
     })?;
     let starts = statement_starts(text);
-    let ctx = SessionContext::new();
+    // `VARCHAR` columns as `Utf8`, as the engine's session plans them
+    // (`lakestream_engine::QueryBuilder::new`).
+    let mut config = datafusion::prelude::SessionConfig::new();
+    config.options_mut().sql_parser.map_string_types_to_utf8view = false;
+    let ctx = SessionContext::new_with_config(config);
     let mut settings = Vec::new();
     let mut tables = Vec::new();
     let mut inserts: Vec<InsertDecl> = Vec::new();

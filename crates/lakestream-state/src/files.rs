@@ -170,11 +170,9 @@ impl Files {
         }
         let expected = self.file_schema();
         let same = schema.fields().len() == expected.fields().len()
-            && schema
-                .fields()
-                .iter()
-                .zip(expected.fields())
-                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+            && schema.fields().iter().zip(expected.fields()).all(|(a, b)| {
+                a.name() == b.name() && same_but_layout(a.data_type(), b.data_type())
+            });
         if !same {
             return Err(Error::Changed {
                 operator: self.operator.clone(),
@@ -196,6 +194,14 @@ impl Files {
                 .find(|kv| kv.key() == Some(UPSERT_BATCHES))
                 .and_then(|kv| kv.value()?.parse().ok())
         });
+        // Written with other string layouts (views, by builds before
+        // 2026-12-06): each batch is cast to the running query's.
+        let cast_to = schema
+            .fields()
+            .iter()
+            .zip(expected.fields())
+            .any(|(a, b)| a.data_type() != b.data_type())
+            .then(|| Arc::new(expected.with_metadata(schema.metadata().clone())));
         let mut decoder = FileDecoder::new(Arc::new(schema), footer.version());
         for d in &dictionaries {
             let from = d.offset() as u64;
@@ -215,6 +221,7 @@ impl Files {
             decoder,
             next: 0,
             upsert_batches,
+            cast_to,
         })
     }
 }
@@ -266,6 +273,9 @@ pub(crate) struct StateFile {
     /// How many batches are upserts, when the file says (older files do
     /// not).
     upsert_batches: Option<usize>,
+    /// The schema batches are cast to: the file's columns are the query's
+    /// with other string or binary layouts ([`same_but_layout`]).
+    cast_to: Option<SchemaRef>,
 }
 
 impl StateFile {
@@ -292,9 +302,25 @@ impl StateFile {
             file: self.url.clone(),
             source,
         })?;
-        self.decoder
+        let batch = self
+            .decoder
             .read_record_batch(&block, &buf)
-            .map_err(|e| self.corrupt(e.to_string()))
+            .map_err(|e| self.corrupt(e.to_string()))?;
+        match (batch, &self.cast_to) {
+            (Some(b), Some(to)) => {
+                let columns = b
+                    .columns()
+                    .iter()
+                    .zip(to.fields())
+                    .map(|(c, f)| arrow::compute::cast(c, f.data_type()))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| self.corrupt(e.to_string()))?;
+                RecordBatch::try_new(to.clone(), columns)
+                    .map(Some)
+                    .map_err(|e| self.corrupt(e.to_string()))
+            }
+            (b, _) => Ok(b),
+        }
     }
 
     fn corrupt(&self, reason: String) -> Error {
@@ -302,6 +328,35 @@ impl StateFile {
             file: self.url.clone(),
             reason,
         }
+    }
+}
+
+/// Whether `a` and `b` are the same type but for how strings and binaries
+/// are laid out (`Utf8View`, `LargeUtf8` and `Utf8`; the binary ones),
+/// at any depth: a cast turns one into the other without loss.
+fn same_but_layout(a: &DataType, b: &DataType) -> bool {
+    plain_layout(a) == plain_layout(b)
+}
+
+/// `t` with its string and binary types as `Utf8` and `Binary`.
+fn plain_layout(t: &DataType) -> DataType {
+    let field = |f: &arrow::datatypes::FieldRef| {
+        Arc::new(
+            f.as_ref()
+                .clone()
+                .with_data_type(plain_layout(f.data_type())),
+        )
+    };
+    match t {
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+        DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) => {
+            DataType::List(field(f))
+        }
+        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(field(f), *n),
+        DataType::Struct(fields) => DataType::Struct(fields.iter().map(field).collect()),
+        DataType::Map(f, sorted) => DataType::Map(field(f), *sorted),
+        other => other.clone(),
     }
 }
 

@@ -1504,6 +1504,89 @@ mod tests {
         assert!(r.is_at(Some(1)));
     }
 
+    /// State written by a build whose queries' strings were `Utf8View`
+    /// loads into a query whose strings are `Utf8`: snapshots and deltas
+    /// alike, through a reload and the snapshot merged from both kinds of
+    /// file. A column of another type is still refused.
+    #[tokio::test]
+    async fn state_written_with_string_views_loads_as_plain_strings() {
+        use arrow::array::StringViewArray;
+        let dir = tempfile::tempdir().unwrap();
+        let views = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8View, true),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let loc = || Location::parse(dir.path().to_str().unwrap(), &HashMap::new()).unwrap();
+        let mut old = StateStore::new(loc(), "agg", views.clone(), 1)
+            .unwrap()
+            .with_snapshot_interval(3);
+        old.load(None).await.unwrap();
+        for (id, rows) in [
+            (0u64, vec![("a", 1i64), ("b", 2)]),
+            (1, vec![("c", 3)]),
+            (2, vec![("a", 4)]),
+            (3, vec![("d", 5)]),
+        ] {
+            let b = RecordBatch::try_new(
+                views.clone(),
+                vec![
+                    Arc::new(StringViewArray::from_iter_values(rows.iter().map(|r| r.0))),
+                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                ],
+            )
+            .unwrap();
+            old.upsert(&b, &vec![10; rows.len()]).unwrap();
+            old.commit(id, serde_json::json!({})).await.unwrap();
+        }
+        old.wait_for_snapshot().await.unwrap();
+
+        // A snapshot (batch 2) and a delta (batch 3), both of views.
+        let mut new = store(dir.path());
+        new.load(Some(3)).await.unwrap();
+        assert_eq!(
+            pairs(new.all().unwrap()),
+            vec![
+                ("a".into(), 4),
+                ("b".into(), 2),
+                ("c".into(), 3),
+                ("d".into(), 5)
+            ]
+        );
+        let probe = batch(&[("a", 0), ("d", 0), ("z", 0)]);
+        assert_eq!(
+            pairs(new.lookup(&probe, &[10, 10, 10]).unwrap()),
+            vec![("a".into(), 4), ("d".into(), 5)]
+        );
+        // Batches on top, in plain strings: the next snapshot merges the
+        // old files with the new ones.
+        new.upsert(&batch(&[("b", 7)]), &[10]).unwrap();
+        new.commit(4, serde_json::json!({})).await.unwrap();
+        new.upsert(&batch(&[("e", 8)]), &[10]).unwrap();
+        new.commit(5, serde_json::json!({})).await.unwrap();
+        new.wait_for_snapshot().await.unwrap();
+        let mut again = store(dir.path());
+        again.load(Some(5)).await.unwrap();
+        assert_eq!(
+            pairs(again.all().unwrap()),
+            vec![
+                ("a".into(), 4),
+                ("b".into(), 7),
+                ("c".into(), 3),
+                ("d".into(), 5),
+                ("e".into(), 8)
+            ]
+        );
+
+        // Another type for the key is a changed query.
+        let ints = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let mut other = StateStore::new(loc(), "agg", ints, 1).unwrap();
+        let err = other.load(Some(5)).await.unwrap_err();
+        assert!(matches!(err, Error::Changed { .. }), "{err}");
+    }
+
     /// Keys (user, session start) indexed by user: a session's state is
     /// found by its user alone, through removals, evictions and a reload.
     #[tokio::test]
