@@ -23,12 +23,12 @@ use lakestream_engine::source::files::{FileFormat, FileSource, FileSourceOptions
 use super::{figure, percentile};
 
 /// The backfill's schema as its job declares it: SQL's `VARCHAR` is
-/// `Utf8View` in DataFusion.
+/// `Utf8` in lakestream's sessions.
 fn schema() -> Arc<Schema> {
     Arc::new(Schema::new(vec![
-        Field::new("event_id", DataType::Utf8View, false),
+        Field::new("event_id", DataType::Utf8, false),
         Field::new("user_id", DataType::Int64, true),
-        Field::new("event_type", DataType::Utf8View, true),
+        Field::new("event_type", DataType::Utf8, true),
         Field::new("amount", DataType::Float64, true),
         Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true),
     ]))
