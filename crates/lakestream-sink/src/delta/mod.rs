@@ -73,8 +73,9 @@ use writer::DeltaBatchWriter;
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
 
 /// Default [`DeltaSinkOptions::unordered_flush_size`]: 8 MiB. Measured on
-/// 257 MB of events with a random day per row in 256 MiB batches: peak
-/// memory 216 MiB at 8 MiB, 262-304 MiB at 16 MiB, 481 MiB with no flush.
+/// 257 MB of events with a random day per row: 256 MiB batches peaked at
+/// 93-95 MiB of anonymous memory with it, against 145-148 MiB for 64 MiB
+/// batches without a flush (docs/benchmarks.md).
 pub const DEFAULT_UNORDERED_FLUSH_SIZE: u64 = 8 * 1024 * 1024;
 
 /// `delta.checkpointInterval` of the tables the sink creates: a Delta

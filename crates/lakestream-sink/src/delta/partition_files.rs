@@ -15,8 +15,9 @@
 //! [`OPEN_BYTES_BUDGET`] of input (a coarse cap). Record batches of many
 //! runs (unordered partition values) take delta-rs's split instead (the
 //! batch writer's `MAX_RUNS`), whose open files the batch writer closes
-//! every `unordered_flush_size` of input. All files are still part of the batch's one commit: a
-//! batch that fails or is killed leaves them unreferenced, as before.
+//! every `unordered_flush_size` of input. All files are still part of the
+//! batch's one commit: a batch that fails or is killed leaves them
+//! unreferenced, as before.
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU64;
