@@ -351,12 +351,12 @@ pub(super) const MIN_READ_BACKOFF: Duration = Duration::from_millis(50);
 pub(super) const MAX_READ_BACKOFF: Duration = Duration::from_secs(2);
 /// How long a reader goes without a record of its ranges before it asks
 /// whether they still exist, and how often it asks again while nothing
-/// comes. A reader that receives records never asks: on a broker that
-/// takes longer than the 500 ms receive wait to answer a fetch, asking
-/// whenever that wait ran out put two watermark requests a partition
-/// between every two fetches, and a broker whose offset lookups are slow
-/// then served the batch 20-35% slower.
-pub(super) const BOUNDS_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// comes. A reader that receives records never asks (the plan that made
+/// its ranges had just read the partitions' watermarks). Asking whenever
+/// the 500 ms receive wait ran out put a watermark lookup between every
+/// two fetches of a broker slower than that wait; asking after 1 s still
+/// put one behind a large first fetch.
+pub(super) const BOUNDS_CHECK_AFTER: Duration = Duration::from_secs(3);
 
 pub(super) struct RangeReader {
     name: String,
@@ -427,8 +427,8 @@ impl RangeReader {
             match msg {
                 Err(_) => {
                     self.sync_positions();
-                    if self.last_progress.elapsed() >= BOUNDS_CHECK_EVERY
-                        && self.last_bounds_check.elapsed() >= BOUNDS_CHECK_EVERY
+                    if self.last_progress.elapsed() >= BOUNDS_CHECK_AFTER
+                        && self.last_bounds_check.elapsed() >= BOUNDS_CHECK_AFTER
                     {
                         self.check_log_bounds().await?;
                     }
@@ -508,7 +508,7 @@ impl RangeReader {
     /// `fail_on_data_loss = false` is skipped (reading resumes at the
     /// earliest offset, or the partition is done) and reported through
     /// [`Source::take_skipped`]. Returns whether anything changed. Asked
-    /// only once the reader got no record for [`BOUNDS_CHECK_EVERY`], or
+    /// only once the reader got no record for [`BOUNDS_CHECK_AFTER`], or
     /// when the consumer reported an offset out of range, so a read that
     /// receives records costs the broker nothing more. The watermarks of
     /// all the ranges' partitions come in one lookup; when it fails, this
