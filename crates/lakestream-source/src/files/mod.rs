@@ -552,6 +552,7 @@ impl FileSource {
     fn file_stream(&self, piece: Piece) -> BatchStream {
         let Piece { entry, range } = piece;
         let read_chunk = self.read_chunk();
+        let local = self.location.local_dir().is_some();
         let store = self.location.store().clone();
         let schema = self.file_schema.clone();
         let name = self.name.clone();
@@ -607,6 +608,7 @@ impl FileSource {
                         evolve,
                         range,
                         read_chunk,
+                        local,
                     };
                     text_stream(name, store, entry, schema, options).await
                 }
@@ -1032,6 +1034,60 @@ mod tests {
             rows += batches.iter().map(|b| b.num_rows()).sum::<usize>();
         }
         Ok(rows)
+    }
+
+    /// Local chunks read on the decoding thread from the page cache are the
+    /// store's own bytes, for every chunk size and range, and a range past
+    /// the file's end gets the store's answer.
+    #[tokio::test]
+    async fn local_chunks_read_from_the_page_cache_are_the_stores_bytes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("data.bin");
+        let body: Vec<u8> = (0..(3u32 << 20) + 12_345)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(&file, &body).unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new());
+        let path = object_store::path::Path::from_absolute_path(&file).unwrap();
+        let cached = decode::CachedFile::open(&path).expect("the file opens");
+        assert_eq!(
+            cached.read(5..1_000_005).as_deref(),
+            Some(&body[5..1_000_005]),
+            "a cached range is read whole"
+        );
+        assert_eq!(cached.read(0..body.len() as u64 + 1), None, "past the end");
+        let size = body.len() as u64;
+        for (range, chunk) in [
+            (0..size, 1 << 20),
+            (0..size, 4 << 20),
+            (7..size - 3, 1 << 20),
+            (1_000..1_000, 1 << 20),
+            (size - 10..size, 3),
+        ] {
+            let mut got = Vec::new();
+            for local in [true, false] {
+                let chunks: Vec<bytes::Bytes> =
+                    decode::ranged_chunks(store.clone(), path.clone(), range.clone(), chunk, local)
+                        .try_collect()
+                        .await
+                        .unwrap();
+                got.push(chunks);
+            }
+            assert_eq!(got[0], got[1], "{range:?} in {chunk}-byte chunks");
+            let whole: Vec<u8> = got[0].iter().flat_map(|b| b.iter().copied()).collect();
+            assert_eq!(whole, &body[range.start as usize..range.end as usize]);
+        }
+        // Past the end: whatever the store answers (an error, or the bytes
+        // up to the end), the local read answers the same.
+        let mut past = Vec::new();
+        for local in [true, false] {
+            let r: std::result::Result<Vec<bytes::Bytes>, _> =
+                decode::ranged_chunks(store.clone(), path.clone(), size - 5..size + 5, 4, local)
+                    .try_collect()
+                    .await;
+            past.push(r.map_err(|e| e.to_string()));
+        }
+        assert_eq!(past[0], past[1], "a range past the end");
     }
 
     fn write(dir: &std::path::Path, name: &str, lines: usize) {
