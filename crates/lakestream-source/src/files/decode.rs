@@ -528,9 +528,10 @@ pub(super) const LOCAL_READ_CHUNK: u64 = 1 << 20;
 /// which never waits on the disk); any other range is read by the store,
 /// on its blocking pool. Handing every read to the pool cost two thread
 /// wake-ups per chunk, and beside a busy neighbour each one gave the core
-/// away: with a busy loop on one core the backfill ran at 0.875x of the
-/// raw floor this way and at 0.988x reading cached ranges here, with 55%
-/// fewer voluntary context switches (docs/benchmarks.md, tenth session).
+/// away: beside one or two busy loops the backfill ran at 0.83-0.88x of
+/// the raw floor that way and at 0.89-0.99x reading cached ranges here,
+/// with 60% fewer voluntary context switches; on a quiet machine the two
+/// are even (docs/benchmarks.md, tenth session).
 pub(super) fn ranged_chunks(
     store: Arc<dyn ObjectStore>,
     path: Path,
