@@ -9,7 +9,7 @@ use arrow::datatypes::SchemaRef;
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::TableProvider;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::prelude::SessionContext;
 use lakestream_checkpoint::{Checkpoint, QueryRecord, RecordedSource};
 use lakestream_sink::Sink;
 use lakestream_source::Source;
@@ -164,12 +164,9 @@ impl Default for QueryBuilder {
 impl QueryBuilder {
     /// A builder with a fresh DataFusion session.
     pub fn new() -> Self {
-        let mut config = SessionConfig::new().with_information_schema(true);
+        // `VARCHAR` as `Utf8`, as the job parser plans the sources.
+        let mut config = lakestream_job::session_config().with_information_schema(true);
         config.options_mut().sql_parser.collect_spans = true;
-        // `VARCHAR` as `Utf8`, not `Utf8View`: sources decode plain strings
-        // and the Delta sink writes them without a cast (measured: 4-5% less
-        // CPU and wall on the backfill; docs/benchmarks.md).
-        config.options_mut().sql_parser.map_string_types_to_utf8view = false;
         Self::with_context(SessionContext::new_with_config(config))
     }
 

@@ -120,10 +120,9 @@ pub(super) struct TextOptions {
     /// Only the lines starting in this byte range (JSON lines, not
     /// compressed); `None`: the whole file.
     pub(super) range: Option<std::ops::Range<u64>>,
-    /// Bytes per read request ([`READ_CHUNK`] or [`LOCAL_READ_CHUNK`]).
-    pub(super) read_chunk: u64,
-    /// The store is the local file system: what the page cache holds is
-    /// read on the decoding thread (see [`ranged_chunks`]).
+    /// The store is the local file system: smaller reads
+    /// ([`read_chunk`]), and what the page cache holds is read on the
+    /// decoding thread (see [`ranged_chunks`]).
     pub(super) local: bool,
 }
 
@@ -141,7 +140,6 @@ pub(super) async fn text_stream(
         rejects,
         evolve,
         range,
-        read_chunk,
         local,
     } = options;
     let path = object_path(&entry.path);
@@ -153,7 +151,7 @@ pub(super) async fn text_stream(
         }
     };
     let chunks = decompressed(
-        ranged_chunks(store.clone(), path, bytes, read_chunk, local),
+        ranged_chunks(store.clone(), path, bytes, read_chunk(local), local),
         compression,
     );
     let decoder =
@@ -519,6 +517,12 @@ pub(super) const READ_CHUNK: u64 = 4 << 20;
 /// same time (medians of eight alternating runs) with 10 MB less peak RSS
 /// and 10% fewer page faults (docs/benchmarks.md).
 pub(super) const LOCAL_READ_CHUNK: u64 = 1 << 20;
+
+/// Bytes per read request: [`LOCAL_READ_CHUNK`] from a local disk,
+/// [`READ_CHUNK`] from an object store.
+pub(super) fn read_chunk(local: bool) -> u64 {
+    if local { LOCAL_READ_CHUNK } else { READ_CHUNK }
+}
 
 /// The file as a stream of `chunk`-byte ranges, the next one fetched while
 /// the current one is decoded.

@@ -539,20 +539,14 @@ impl FileSource {
         }
     }
 
-    /// Bytes per read request: smaller on a local disk (see
-    /// [`decode::LOCAL_READ_CHUNK`]).
-    fn read_chunk(&self) -> u64 {
-        if self.location.local_dir().is_some() {
-            decode::LOCAL_READ_CHUNK
-        } else {
-            decode::READ_CHUNK
-        }
+    /// Whether the files are on the local file system.
+    fn local(&self) -> bool {
+        self.location.local_dir().is_some()
     }
 
     fn file_stream(&self, piece: Piece) -> BatchStream {
         let Piece { entry, range } = piece;
-        let read_chunk = self.read_chunk();
-        let local = self.location.local_dir().is_some();
+        let local = self.local();
         let store = self.location.store().clone();
         let schema = self.file_schema.clone();
         let name = self.name.clone();
@@ -607,7 +601,6 @@ impl FileSource {
                         rejects,
                         evolve,
                         range,
-                        read_chunk,
                         local,
                     };
                     text_stream(name, store, entry, schema, options).await
@@ -897,7 +890,7 @@ impl Source for FileSource {
                 // requests (read-ahead), and reading several at once would
                 // only multiply the memory held.
                 let total: u64 = pieces.iter().map(Piece::len).sum();
-                let small = total < self.read_chunk() * pieces.len() as u64;
+                let small = total < decode::read_chunk(self.local()) * pieces.len() as u64;
                 let concurrency = if small {
                     self.options.read_concurrency.max(1)
                 } else {

@@ -1313,8 +1313,10 @@ mod tests {
         }
     }
 
-    fn string_source(bootstrap: &str, topic: &str) -> KafkaSource {
-        let mut o = KafkaSourceOptions::new(bootstrap, Topics::List(vec![topic.into()]));
+    /// A string source over `topic` of `mock`, restored as at a start.
+    async fn string_source(mock: &TrackedMock, topic: &str) -> KafkaSource {
+        let bootstrap = mock.cluster().bootstrap_servers();
+        let mut o = KafkaSourceOptions::new(&bootstrap, Topics::List(vec![topic.into()]));
         o.format = ValueFormat::String;
         // One batch of records per fetch, and no fetching ahead of what
         // the reader takes past a batch.
@@ -1322,7 +1324,9 @@ mod tests {
             .insert("max.partition.fetch.bytes".into(), "1000".into());
         o.client_config
             .insert("queued.min.messages".into(), "10".into());
-        KafkaSource::try_new("records", None, o).unwrap()
+        let source = KafkaSource::try_new("records", None, o).unwrap();
+        source.restore(None).await.unwrap();
+        source
     }
 
     async fn read_all(source: &KafkaSource, start: Offset, end: Offset) -> usize {
@@ -1342,9 +1346,7 @@ mod tests {
     async fn a_plan_looks_up_every_partitions_offsets_in_two_requests() {
         let mock = TrackedMock::new();
         mock.produce("wide", 8, 3);
-        let bootstrap = mock.cluster().bootstrap_servers();
-        let source = string_source(&bootstrap, "wide");
-        source.restore(None).await.unwrap();
+        let source = string_source(&mock, "wide").await;
         // The first plan of a run (it may also ask for the start's offsets).
         let first = source.plan(None).await.unwrap().expect("records to read");
         // A later plan, from the first batch's end, after two records more.
@@ -1371,9 +1373,7 @@ mod tests {
     async fn a_reader_that_receives_records_asks_for_no_watermarks() {
         let mock = TrackedMock::new();
         mock.produce("slow", 1, 300);
-        let bootstrap = mock.cluster().bootstrap_servers();
-        let source = string_source(&bootstrap, "slow");
-        source.restore(None).await.unwrap();
+        let source = string_source(&mock, "slow").await;
         let at = |o: i64| serde_json::json!({"partitions": {"slow": {"0": o}}});
         // The consumer connects on a fast broker and is kept at offset 1.
         assert_eq!(read_all(&source, at(0), at(1)).await, 1);
