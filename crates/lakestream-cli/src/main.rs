@@ -241,7 +241,7 @@ enum Command {
         /// Rounds of the backfill and its raw floor, run alternately (the
         /// order swaps every round); the figures are the medians and the
         /// ratio is the floor's median over the backfill's. One round's
-        /// ratio moves by ±10% on a shared machine. 3 by default, 1 with
+        /// ratio moves by ±10% on a shared machine. 5 by default, 1 with
         /// --smoke.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=50))]
         repeat: Option<u64>,
@@ -662,7 +662,7 @@ fn main() -> ExitCode {
                     kafka_bootstrap,
                     kafka_mock,
                     kafka_messages,
-                    repeat: 3,
+                    repeat: 5,
                 };
                 let mut cfg = if smoke { cfg.smoke() } else { cfg };
                 if let Some(r) = repeat {
