@@ -48,23 +48,67 @@ fn sigkill_while_large_files_are_read_in_line_ranges_keeps_every_row_exactly_onc
     };
     // A run without kills: two writers per one-day batch, so each file was
     // read by both partitions.
-    std::fs::write(
-        dir.join("clean.sql"),
-        events_job(&input, &dir.join("clean"), 1),
-    )
-    .unwrap();
-    let o = run_available_now(dir, "clean.sql", "clean_ckpt", &[], &[]);
-    assert!(o.status.success(), "{}", text(&o));
-    let parquet = walkdir(&dir.join("clean"))
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
-        .count();
-    assert_eq!(parquet, 12, "two files per batch, one per line range");
+    clean_events_run(dir, &input, 1);
+    assert_eq!(
+        parquet_files(&dir.join("clean")),
+        12,
+        "two files per batch, one per line range"
+    );
     assert_exactly_once(&read_py(&dir.join("clean")), &expected);
     std::fs::write(dir.join("job.sql"), events_job(&input, &dir.join("out"), 1)).unwrap();
     let kills = kill_run_job(dir, 6, 2);
     assert_exactly_once(&read_py(&dir.join("out")), &expected);
     assert_verified_batches(dir, kills, 6);
+}
+
+/// Batches of two 6 MiB files, one of short lines and one of long ones:
+/// each file is one partition's share, cut into two pieces, and the
+/// partition reading long lines (fewer rows per byte) runs out first and
+/// takes the other's unbegun piece. Killed at random moments while pieces
+/// change hands and restarted, every row is in the table exactly once.
+#[test]
+fn sigkill_while_partitions_take_each_others_pieces_keeps_every_row_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let mut expected = Vec::new();
+    for f in 0..4 {
+        let pad = if f % 2 == 0 { 0 } else { 400 };
+        let mut body = String::new();
+        let mut r = 0;
+        while body.len() < 6 << 20 {
+            let id = format!("ev-{f}-{r:06}");
+            expected.push(id.clone());
+            body.push_str(&format!(
+                "{{\"event_id\":\"{id}\",\"user_id\":{},\"event_type\":\"click{}\",\"amount\":1.5,\"ts\":\"2026-01-{:02}T10:00:00Z\"}}\n",
+                r % 7,
+                "x".repeat(pad),
+                1 + f
+            ));
+            r += 1;
+        }
+        std::fs::write(input.join(format!("events-{f}.json")), body).unwrap();
+    }
+    expected.sort();
+    // The premise, in a run without kills: a short-line day has a second
+    // file, written by the partition that took its piece (each partition
+    // keeps one file per day). The long-line partition is about four times
+    // faster, so this held in every run watched; one batch of two is asked.
+    clean_events_run(dir, &input, 2);
+    let files_of_day =
+        |day: &str| parquet_files(&dir.join("clean").join(format!("day=2026-01-{day}")));
+    assert!(
+        files_of_day("01") + files_of_day("03") > 2,
+        "no piece changed hands: days 01 and 03 have {} and {} files",
+        files_of_day("01"),
+        files_of_day("03")
+    );
+    assert_exactly_once(&read_py(&dir.join("clean")), &expected);
+    std::fs::write(dir.join("job.sql"), events_job(&input, &dir.join("out"), 2)).unwrap();
+    let kills = kill_run_job(dir, 6, 2);
+    assert_exactly_once(&read_py(&dir.join("out")), &expected);
+    assert_verified_batches(dir, kills, 2);
 }
 
 /// Three files of four days each, in time order: a short day, a long one,
@@ -187,6 +231,26 @@ fn a_crash_loop_whose_kills_come_after_the_job_is_done_starts_over_until_they_la
 }
 
 /// Every file under `dir`, recursively.
+/// Run the events job over `input` into `dir/clean` without kills,
+/// `max_files` files a batch.
+fn clean_events_run(dir: &std::path::Path, input: &std::path::Path, max_files: usize) {
+    std::fs::write(
+        dir.join("clean.sql"),
+        events_job(input, &dir.join("clean"), max_files),
+    )
+    .unwrap();
+    let o = run_available_now(dir, "clean.sql", "clean_ckpt", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// The Parquet files under `dir`.
+fn parquet_files(dir: &std::path::Path) -> usize {
+    walkdir(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .count()
+}
+
 fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap() {

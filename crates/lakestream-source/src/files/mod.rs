@@ -567,9 +567,21 @@ impl FileSource {
         };
         let fut = async move {
             let path = object_path(&entry.path);
+            // A local file is opened here, on the decoding thread: its size
+            // and what the page cache holds of it are read without handing
+            // a request to the store's blocking pool.
+            let cached = if local {
+                CachedFile::open(&path).map(Arc::new)
+            } else {
+                None
+            };
             // The size is re-read rather than taken from the plan: a file
             // rewritten in place (fixing a malformed record) is read whole.
-            let Some(meta) = present(&name, &entry, store.head(&path).await)? else {
+            let size = match cached.as_ref().and_then(|f| f.size()) {
+                Some(size) => Some(size),
+                None => present(&name, &entry, store.head(&path).await)?.map(|m| m.size),
+            };
+            let Some(size) = size else {
                 // Reported once, by the file's first piece.
                 if range.as_ref().is_some_and(|r| r.start > 0) {
                     return Ok(stream::empty().boxed());
@@ -579,7 +591,7 @@ impl FileSource {
             // A file rewritten since the plan is read whole, by its first
             // piece.
             let range = match range {
-                Some(r) if meta.size != entry.size => {
+                Some(r) if size != entry.size => {
                     if r.start > 0 {
                         return Ok(stream::empty().boxed());
                     }
@@ -587,10 +599,7 @@ impl FileSource {
                 }
                 r => r,
             };
-            let entry = FileEntry {
-                size: meta.size,
-                ..entry
-            };
+            let entry = FileEntry { size, ..entry };
             match format {
                 FileFormat::Parquet => parquet_stream(name, store, entry, schema, batch_size).await,
                 FileFormat::Json | FileFormat::Csv { .. } => {
@@ -602,6 +611,7 @@ impl FileSource {
                         evolve,
                         range,
                         local,
+                        cached,
                     };
                     text_stream(name, store, entry, schema, options).await
                 }
@@ -877,11 +887,50 @@ impl Source for FileSource {
         partitions: usize,
     ) -> Result<Vec<BatchStream>> {
         let end = self.parse_offset(end)?;
-        let groups = if self.splittable(&end.files) {
+        let splittable = self.splittable(&end.files);
+        let groups = if splittable {
             split_by_bytes(end.files, partitions.max(1))
         } else {
             spread_by_size(end.files, partitions)
         };
+        let chunk = decode::read_chunk(self.local());
+        let large =
+            |g: &Vec<Piece>| g.iter().map(Piece::len).sum::<u64>() >= chunk * g.len() as u64;
+        if splittable && groups.len() > 1 && groups.iter().all(large) {
+            // Each partition reads its own group in order, then takes the
+            // unread tail of the busiest one, so a partition slowed down
+            // (by the machine, or by heavier rows) does not leave the other
+            // core idle until the batch's end.
+            let cut = steal_piece(self.local());
+            let shared = Arc::new(SharedPieces {
+                groups: Mutex::new(
+                    groups
+                        .into_iter()
+                        .map(|g| {
+                            cut_pieces(g, cut)
+                                .into_iter()
+                                .map(|p| (p.len(), self.file_stream(p)))
+                                .collect()
+                        })
+                        .collect(),
+                ),
+            });
+            // Each partition's first piece is its own from the start: only
+            // pieces no partition has begun can change hands.
+            return Ok((0..shared.partitions())
+                .map(|own| {
+                    let first = shared.next(own);
+                    let shared = shared.clone();
+                    stream::iter(
+                        first
+                            .into_iter()
+                            .chain(std::iter::from_fn(move || shared.next(own))),
+                    )
+                    .flatten()
+                    .boxed()
+                })
+                .collect());
+        }
         Ok(groups
             .into_iter()
             .map(|pieces| {
@@ -936,6 +985,67 @@ impl Piece {
         self.range
             .as_ref()
             .map_or(self.entry.size, |r| r.end - r.start)
+    }
+}
+
+/// The size of the pieces a partition can take from another's group: a
+/// partition left without work waits at most about one piece's decoding
+/// for the other to finish. Local pieces cost a `stat` and a file open;
+/// an object's cost a `HEAD` request, so they are larger.
+fn steal_piece(local: bool) -> u64 {
+    if local { 4 << 20 } else { 16 << 20 }
+}
+
+/// `group`'s pieces cut into pieces of about `size` bytes (the last of a
+/// range takes a remainder under [`MIN_PIECE`]), in order.
+fn cut_pieces(group: Vec<Piece>, size: u64) -> Vec<Piece> {
+    let size = size.max(MIN_PIECE);
+    let mut out = Vec::new();
+    for piece in group {
+        let range = piece.range.clone().unwrap_or(0..piece.entry.size);
+        let mut at = range.start;
+        loop {
+            let to = if range.end - at <= size + MIN_PIECE {
+                range.end
+            } else {
+                at + size
+            };
+            let whole = at == 0 && to == piece.entry.size;
+            out.push(Piece {
+                entry: piece.entry.clone(),
+                range: (!whole).then_some(at..to),
+            });
+            at = to;
+            if at >= range.end {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// A batch's pieces, one queue per partition, each piece's stream not yet
+/// started; shared by the partitions' streams (see `read`).
+struct SharedPieces {
+    groups: Mutex<Vec<VecDeque<(u64, BatchStream)>>>,
+}
+
+impl SharedPieces {
+    fn partitions(&self) -> usize {
+        self.groups.lock().expect("batch pieces").len()
+    }
+
+    /// Partition `own`'s next piece: the first of its own queue, else the
+    /// last of the queue with the most bytes left (its reader is busy at
+    /// the queue's front). `None` once every queue is empty.
+    fn next(&self, own: usize) -> Option<BatchStream> {
+        let mut groups = self.groups.lock().expect("batch pieces");
+        if let Some((_, piece)) = groups[own].pop_front() {
+            return Some(piece);
+        }
+        let busiest = (0..groups.len())
+            .max_by_key(|i| groups[*i].iter().map(|(bytes, _)| *bytes).sum::<u64>())?;
+        groups[busiest].pop_back().map(|(_, piece)| piece)
     }
 }
 
@@ -1043,6 +1153,33 @@ mod tests {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new());
         let path = object_store::path::Path::from_absolute_path(&file).unwrap();
         let cached = decode::CachedFile::open(&path).expect("the file opens");
+        assert_eq!(cached.size(), Some(body.len() as u64));
+        let opened = |local: bool| {
+            if local {
+                decode::CachedFile::open(&path).map(Arc::new)
+            } else {
+                None
+            }
+        };
+        // Line starts probed through the open file are the store's.
+        let e = entry(path.as_ref(), body.len() as u64);
+        for at in [
+            0,
+            1,
+            9,
+            70_000,
+            1 << 20,
+            body.len() as u64 - 1,
+            body.len() as u64,
+        ] {
+            assert_eq!(
+                decode::line_start("t", &store, &e, at, Some(&cached))
+                    .await
+                    .unwrap(),
+                decode::line_start("t", &store, &e, at, None).await.unwrap(),
+                "line start at {at}"
+            );
+        }
         assert_eq!(
             cached.read(5..1_000_005).as_deref(),
             Some(&body[5..1_000_005]),
@@ -1059,11 +1196,16 @@ mod tests {
         ] {
             let mut got = Vec::new();
             for local in [true, false] {
-                let chunks: Vec<bytes::Bytes> =
-                    decode::ranged_chunks(store.clone(), path.clone(), range.clone(), chunk, local)
-                        .try_collect()
-                        .await
-                        .unwrap();
+                let chunks: Vec<bytes::Bytes> = decode::ranged_chunks(
+                    store.clone(),
+                    path.clone(),
+                    range.clone(),
+                    chunk,
+                    opened(local),
+                )
+                .try_collect()
+                .await
+                .unwrap();
                 got.push(chunks);
             }
             assert_eq!(got[0], got[1], "{range:?} in {chunk}-byte chunks");
@@ -1074,10 +1216,15 @@ mod tests {
         // up to the end), the local read answers the same.
         let mut past = Vec::new();
         for local in [true, false] {
-            let r: std::result::Result<Vec<bytes::Bytes>, _> =
-                decode::ranged_chunks(store.clone(), path.clone(), size - 5..size + 5, 4, local)
-                    .try_collect()
-                    .await;
+            let r: std::result::Result<Vec<bytes::Bytes>, _> = decode::ranged_chunks(
+                store.clone(),
+                path.clone(),
+                size - 5..size + 5,
+                4,
+                opened(local),
+            )
+            .try_collect()
+            .await;
             past.push(r.map_err(|e| e.to_string()));
         }
         assert_eq!(past[0], past[1], "a range past the end");
@@ -1160,7 +1307,7 @@ mod tests {
         let e = entry("f.json", body.len() as u64);
         let mut starts = Vec::new();
         for at in 0..=body.len() as u64 + 1 {
-            starts.push(decode::line_start("t", &store, &e, at).await.unwrap());
+            starts.push(decode::line_start("t", &store, &e, at, None).await.unwrap());
         }
         // A line start maps to itself; any other byte to the next start.
         assert_eq!(
@@ -1180,25 +1327,34 @@ mod tests {
         std::fs::write(dir.join(name), body).unwrap();
     }
 
+    fn ids_of(b: &RecordBatch) -> impl Iterator<Item = String> + '_ {
+        let col = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+        col.iter().map(|v| v.unwrap().to_string())
+    }
+
+    /// The ids each of 2 partitions read, the partitions polled in turn,
+    /// one record batch each, as two cores would at an even pace.
     async fn ids_by_partition(src: &FileSource, end: &Offset) -> Vec<Vec<String>> {
-        let mut out = Vec::new();
-        for s in src.read(None, end, 2).unwrap() {
-            let batches: Vec<RecordBatch> = s.try_collect().await.unwrap();
-            let mut ids = Vec::new();
-            for b in &batches {
-                let col = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
-                ids.extend(col.iter().map(|v| v.unwrap().to_string()));
+        let mut streams = src.read(None, end, 2).unwrap();
+        let mut out = vec![Vec::new(); streams.len()];
+        let mut live = vec![true; streams.len()];
+        while live.iter().any(|l| *l) {
+            for (i, s) in streams.iter_mut().enumerate() {
+                if !live[i] {
+                    continue;
+                }
+                match s.next().await {
+                    Some(b) => out[i].extend(ids_of(&b.unwrap())),
+                    None => live[i] = false,
+                }
             }
-            out.push(ids);
         }
         out
     }
 
-    #[tokio::test]
-    async fn a_batch_of_few_large_files_reads_every_line_once_in_equal_partitions() {
+    /// Five files of about 3 MiB each, in one batch.
+    async fn five_large_files() -> (tempfile::TempDir, FileSource, Offset, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
-        // Five files of about 3 MiB: two partitions of whole files would
-        // read three and two.
         for i in 0..5 {
             write_varied(dir.path(), &format!("f{i}.json"), 100_000);
         }
@@ -1213,16 +1369,78 @@ mod tests {
         )
         .unwrap();
         let end = src.plan(None).await.unwrap().unwrap();
+        let mut want: Vec<String> = (0..5)
+            .flat_map(|f| (0..100_000).map(move |i| format!("f{f}.json-{i}")))
+            .collect();
+        want.sort();
+        (dir, src, end, want)
+    }
+
+    /// A partition whose reader is slow (here: not polled until the other
+    /// is done) reads its first piece only; the other takes every piece it
+    /// had not begun, and every line is still read once.
+    #[tokio::test]
+    async fn a_partition_that_runs_out_takes_the_unread_pieces_of_the_other() {
+        let (_dir, src, end, want) = five_large_files().await;
+        let mut streams = src.read(None, &end, 2).unwrap();
+        assert_eq!(streams.len(), 2);
+        let first: Vec<RecordBatch> = streams[0].by_ref().try_collect().await.unwrap();
+        let second: Vec<RecordBatch> = streams[1].by_ref().try_collect().await.unwrap();
+        let first: Vec<String> = first.iter().flat_map(ids_of).collect();
+        let second: Vec<String> = second.iter().flat_map(ids_of).collect();
+        // Its group is half of the batch; its first piece, 4 MiB of about
+        // 9 MiB, less than a third.
+        assert!(
+            !second.is_empty() && second.len() * 3 < want.len(),
+            "the slow partition read {} of {} rows: its first piece, no more",
+            second.len(),
+            want.len()
+        );
+        let mut all = [first, second].concat();
+        all.sort();
+        assert!(all == want, "a line read twice or not at all");
+    }
+
+    #[test]
+    fn pieces_are_cut_smaller_and_still_tile_their_files() {
+        let mb = 1 << 20;
+        let whole = Piece::whole(entry("a", 11 * mb));
+        let tail = Piece {
+            entry: entry("b", 20 * mb),
+            range: Some(3 * mb..20 * mb),
+        };
+        let small = Piece::whole(entry("c", 5 * mb));
+        let cut = cut_pieces(vec![whole, tail, small], 4 * mb);
+        let ranges: Vec<(String, Option<std::ops::Range<u64>>)> = cut
+            .iter()
+            .map(|p| (p.entry.path.clone(), p.range.clone()))
+            .collect();
+        assert_eq!(
+            ranges,
+            [
+                ("a".to_string(), Some(0..4 * mb)),
+                ("a".to_string(), Some(4 * mb..8 * mb)),
+                ("a".to_string(), Some(8 * mb..11 * mb)),
+                ("b".to_string(), Some(3 * mb..7 * mb)),
+                ("b".to_string(), Some(7 * mb..11 * mb)),
+                ("b".to_string(), Some(11 * mb..15 * mb)),
+                ("b".to_string(), Some(15 * mb..20 * mb)),
+                ("c".to_string(), None),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_few_large_files_reads_every_line_once_in_equal_partitions() {
+        // Five files of about 3 MiB: two partitions of whole files would
+        // read three and two.
+        let (dir, src, end, want) = five_large_files().await;
         let parts = ids_by_partition(&src, &end).await;
         assert_eq!(parts.len(), 2);
         let (a, b) = (parts[0].len(), parts[1].len());
         assert!(a.abs_diff(b) * 20 < a + b, "rows per partition {a} and {b}");
         let mut all: Vec<String> = parts.concat();
         all.sort();
-        let mut want: Vec<String> = (0..5)
-            .flat_map(|f| (0..100_000).map(move |i| format!("f{f}.json-{i}")))
-            .collect();
-        want.sort();
         assert_eq!(all.len(), want.len());
         assert!(all == want, "a line read twice or not at all");
         // A file rewritten after the plan is read whole, once.
