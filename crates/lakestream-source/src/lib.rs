@@ -491,9 +491,11 @@ pub trait Source: Send + Sync + Debug {
     /// Errors are retryable (listing or metadata failures).
     async fn plan(&self, start: Option<&Offset>) -> Result<Option<Offset>>;
 
-    /// Read exactly `(start, end]` as up to `partitions` independent streams
-    /// (their union is the range; order across streams is unspecified).
-    /// Streams do no work until polled.
+    /// Read exactly `(start, end]` as up to `partitions` streams: their
+    /// union is the range whatever order they are polled in (a stream that
+    /// ends early may take over another's unread part, so which stream
+    /// returns a row can depend on it); order across streams is
+    /// unspecified. Streams do no work until polled.
     fn read(
         &self,
         start: Option<&Offset>,
