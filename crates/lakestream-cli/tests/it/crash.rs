@@ -230,7 +230,6 @@ fn a_crash_loop_whose_kills_come_after_the_job_is_done_starts_over_until_they_la
     assert_verified_batches(dir, kills, 8);
 }
 
-/// Every file under `dir`, recursively.
 /// Run the events job over `input` into `dir/clean` without kills,
 /// `max_files` files a batch.
 fn clean_events_run(dir: &std::path::Path, input: &std::path::Path, max_files: usize) {
@@ -251,6 +250,7 @@ fn parquet_files(dir: &std::path::Path) -> usize {
         .count()
 }
 
+/// Every file under `dir`, recursively.
 fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap() {

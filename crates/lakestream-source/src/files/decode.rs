@@ -535,12 +535,12 @@ pub(super) fn read_chunk(local: bool) -> u64 {
 /// The file as a stream of `chunk`-byte ranges, the next one fetched while
 /// the current one is decoded.
 ///
-/// On the local file system (`cached`: the file, open), a range the page cache holds whole
-/// is read on the decoding thread itself (`preadv2` with `RWF_NOWAIT`,
-/// which never waits on the disk); any other range is read by the store,
-/// on its blocking pool. Handing every read to the pool cost two thread
-/// wake-ups per chunk, and beside a busy neighbour each one gave the core
-/// away: beside one or two busy loops the backfill ran at 0.83-0.88x of
+/// On the local file system (`cached`: the file, open), a range the page
+/// cache holds whole is read on the decoding thread itself (`preadv2` with
+/// `RWF_NOWAIT`, which never waits on the disk); any other range is read
+/// by the store, on its blocking pool. Handing every read to the pool cost
+/// two thread wake-ups per chunk, and beside a busy neighbour each one gave
+/// the core away: beside one or two busy loops the backfill ran at 0.83-0.88x of
 /// the raw floor that way and at 0.89-0.99x reading cached ranges here,
 /// with 60% fewer voluntary context switches; on a quiet machine the two
 /// are even (docs/benchmarks.md, tenth session).

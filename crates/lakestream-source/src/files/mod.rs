@@ -893,15 +893,16 @@ impl Source for FileSource {
         } else {
             spread_by_size(end.files, partitions)
         };
-        let chunk = decode::read_chunk(self.local());
-        let large =
-            |g: &Vec<Piece>| g.iter().map(Piece::len).sum::<u64>() >= chunk * g.len() as u64;
-        if splittable && groups.len() > 1 && groups.iter().all(large) {
+        let local = self.local();
+        // A group of pieces smaller on average than one read request.
+        let chunk = decode::read_chunk(local);
+        let small = |g: &[Piece]| g.iter().map(Piece::len).sum::<u64>() < chunk * g.len() as u64;
+        if splittable && groups.len() > 1 && !groups.iter().any(|g| small(g)) {
             // Each partition reads its own group in order, then takes the
             // unread tail of the busiest one, so a partition slowed down
             // (by the machine, or by heavier rows) does not leave the other
             // core idle until the batch's end.
-            let cut = steal_piece(self.local());
+            let cut = steal_piece(local);
             let shared = Arc::new(SharedPieces {
                 groups: Mutex::new(
                     groups
@@ -938,9 +939,7 @@ impl Source for FileSource {
                 // latency, not bandwidth. A large file already overlaps its
                 // requests (read-ahead), and reading several at once would
                 // only multiply the memory held.
-                let total: u64 = pieces.iter().map(Piece::len).sum();
-                let small = total < decode::read_chunk(self.local()) * pieces.len() as u64;
-                let concurrency = if small {
+                let concurrency = if small(&pieces) {
                     self.options.read_concurrency.max(1)
                 } else {
                     1
