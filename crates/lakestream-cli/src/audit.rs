@@ -320,6 +320,9 @@ struct Report {
     /// Source positions kept in the table (Kafka group mode) whose chain
     /// of ranges was checked.
     positions_checked: u64,
+    /// The table's writer features, each `supported`, `preserved` or
+    /// `refused` by lakestream's writer (a refused one is an error).
+    features: BTreeMap<String, String>,
 }
 
 /// `lakestream verify`: check the tables of the checkpoint's query (each
@@ -465,6 +468,21 @@ async fn verify_table(
         ..Default::default()
     };
     let latest = table.version().context("the table has no version yet")? as u64;
+    // A table whose features the writer does not keep cannot take more
+    // batches, and its rows may not follow its rules.
+    let loc = Location::parse(&table_url, options)?;
+    if let Some(features) = lakestream::sink::delta::table_features(&loc).await? {
+        for f in &features.features {
+            r.features
+                .insert(f.name.clone(), f.support.label().to_string());
+            if let lakestream::sink::delta::features::Support::Refused { reason } = &f.support {
+                r.errors.push(format!(
+                    "table feature {} is not supported by lakestream's writer: {reason}",
+                    f.name
+                ));
+            }
+        }
+    }
 
     // The log, oldest first, from the first version it still holds.
     let mut commits = Vec::new();

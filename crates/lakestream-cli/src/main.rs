@@ -684,7 +684,15 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(EXIT_FAILED)
+            // A table this writer refuses: the command, not the
+            // environment, is what to change.
+            let refused = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref::<lakestream::sink::Error>(),
+                    Some(lakestream::sink::Error::UnsupportedFeature { .. })
+                )
+            });
+            ExitCode::from(if refused { EXIT_INVALID } else { EXIT_FAILED })
         }
     }
 }

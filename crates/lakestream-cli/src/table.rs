@@ -31,6 +31,25 @@ pub(crate) async fn load(
         .with_context(|| format!("{url} is not a Delta table (no _delta_log)"))
 }
 
+/// Refuse a maintenance command on the table at `url` when the table has
+/// a feature lakestream cannot keep, or, for a command that commits
+/// (`commit` names it), one that commit would break (delta-rs's commits
+/// carry no in-commit timestamp).
+async fn check_features(
+    url: &str,
+    options: &HashMap<String, String>,
+    commit: Option<&str>,
+) -> anyhow::Result<()> {
+    let loc = Location::parse(url, options)?;
+    if let Some(features) = lakestream::sink::delta::table_features(&loc).await? {
+        features.check(url)?;
+        if let Some(what) = commit {
+            features.check_maintenance(url, what)?;
+        }
+    }
+    Ok(())
+}
+
 fn print(json_out: bool, value: &Value, human: &str) {
     if json_out {
         outln!("{value}");
@@ -49,6 +68,7 @@ pub(crate) async fn optimize(
     use backon::{ExponentialBuilder, Retryable};
 
     let target = NonZeroU64::new(target_size).context("--target-size must be above 0")?;
+    check_features(url, options, Some("compaction (table optimize)")).await?;
     let attempt = || async {
         let table = load(url, options).await?;
         Ok::<_, anyhow::Error>(table.optimize().with_target_size(target).await?)
@@ -110,6 +130,7 @@ pub(crate) async fn vacuum(
     json_out: bool,
     options: &HashMap<String, String>,
 ) -> anyhow::Result<()> {
+    check_features(url, options, execute.then_some("vacuum")).await?;
     let table = load(url, options).await?;
     let retention = i64::try_from(retention_hours)
         .ok()
@@ -153,6 +174,7 @@ pub(crate) async fn checkpoint(
     json_out: bool,
     options: &HashMap<String, String>,
 ) -> anyhow::Result<()> {
+    check_features(url, options, None).await?;
     let table = load(url, options).await?;
     deltalake::checkpoints::create_checkpoint(&table, None)
         .await

@@ -190,6 +190,7 @@ impl Error {
                 **e,
                 lakestream_sink::Error::SchemaMismatch { .. }
                     | lakestream_sink::Error::InvalidConfig { .. }
+                    | lakestream_sink::Error::UnsupportedFeature { .. }
             ),
             Error::Source(e) => matches!(**e, lakestream_source::Error::InvalidOption { .. }),
             Error::SourceInBatch { source, .. } => {

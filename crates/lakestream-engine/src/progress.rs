@@ -122,6 +122,11 @@ pub struct BatchProgress {
     /// Times the batch's commit found its version taken by another writer
     /// and was retried.
     pub commit_retries: u64,
+    /// Output rows that broke a rule of their table (a CHECK constraint,
+    /// a NOT NULL column, a generated column's expression) and went to the
+    /// dead-letter table instead.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rule_violations: u64,
     /// True when the batch was found already in the table (every output's
     /// table, when it has several: replay after a crash) and nothing was
     /// written.

@@ -649,6 +649,13 @@ impl QueryBuilder {
                 OutputKind::DeadLetters(_) => crate::dead_letter::schema(),
             };
             o.sink.open(schema).await?;
+            // A table that cannot take this output's writes (an
+            // append-only table under MERGE) is refused before any batch.
+            let write = match &stateful {
+                Some(st) if o.stateful => st.write_mode(),
+                _ => lakestream_sink::WriteMode::Append,
+            };
+            o.sink.accepts(&write).await?;
         }
         Ok(Driver {
             ctx: self.ctx,

@@ -83,6 +83,39 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The table has a feature (or a property) this writer cannot keep:
+    /// refused before any batch, since writing would break the table's
+    /// rules for its other readers and writers.
+    #[error("table {table}: table feature {feature} is not supported by this writer: {reason}")]
+    UnsupportedFeature {
+        /// The table location.
+        table: String,
+        /// The feature's protocol name (or the property's key).
+        feature: String,
+        /// Why, and what to do.
+        reason: String,
+    },
+    /// Rows of batch `batch_id` break a rule of the table (a CHECK
+    /// constraint, a NOT NULL column, an invariant, a generated column)
+    /// and the query has no dead-letter table to take them: nothing of the
+    /// batch is committed.
+    #[error(
+        "table {table}: batch {batch_id}: {rows} row(s) violate {rule}; the first: {row}; \
+         nothing of the batch was committed: fix the query or the input, or give the source \
+         OPTIONS ('on_error' 'dead_letter') to set such rows aside"
+    )]
+    ConstraintViolation {
+        /// The table location.
+        table: String,
+        /// The batch id.
+        batch_id: u64,
+        /// The rule, with its expression.
+        rule: String,
+        /// How many rows break it (and no earlier rule).
+        rows: usize,
+        /// The first violating row's values, as JSON.
+        row: String,
+    },
     /// The table's location or store failed.
     #[error("sink: {0}")]
     Storage(#[from] lakestream_storage::Error),
@@ -105,6 +138,74 @@ pub(crate) fn same_columns(a: &arrow::datatypes::Schema, b: &arrow::datatypes::S
             .iter()
             .zip(b.fields())
             .all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
+}
+
+/// What kind of rule a row broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleKind {
+    /// A column declared NOT NULL held NULL.
+    NotNull,
+    /// A generated column's value differs from its expression.
+    Generated,
+    /// A column invariant (`delta.invariants`) is false or NULL.
+    Invariant,
+    /// A CHECK constraint is false or NULL.
+    Check,
+}
+
+impl std::fmt::Display for RuleKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RuleKind::NotNull => "NOT NULL constraint",
+            RuleKind::Generated => "generated column",
+            RuleKind::Invariant => "invariant",
+            RuleKind::Check => "CHECK constraint",
+        })
+    }
+}
+
+/// Rows of a batch that break one of the table's rules.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// The table's URL.
+    pub table: String,
+    /// The kind of rule.
+    pub kind: RuleKind,
+    /// The rule's name: the constraint's name, or the column it governs.
+    pub name: String,
+    /// The rule's expression as the table states it.
+    pub expression: String,
+    /// The rows, with the table's columns.
+    pub rows: RecordBatch,
+}
+
+impl Violation {
+    /// `CHECK constraint amount_pos (amount > 0)`: the rule, for messages
+    /// and dead-letter rows.
+    pub fn rule(&self) -> String {
+        match self.kind {
+            RuleKind::NotNull => format!("NOT NULL constraint on column {}", self.name),
+            RuleKind::Generated => format!(
+                "generated column {} (GENERATED ALWAYS AS ({}))",
+                self.name, self.expression
+            ),
+            kind => format!("{kind} {} ({})", self.name, self.expression),
+        }
+    }
+
+    /// Row `i` as a JSON object of its columns (what a dead-letter row
+    /// records, and what an error shows).
+    pub fn row_json(&self, i: usize) -> String {
+        let row = self.rows.slice(i, 1);
+        let mut out = Vec::new();
+        {
+            let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
+            if w.write(&row).and_then(|_| w.finish()).is_err() {
+                return "(the row cannot be shown as JSON)".into();
+            }
+        }
+        String::from_utf8_lossy(&out).trim_end().to_string()
+    }
 }
 
 /// The result type of this crate.
@@ -181,6 +282,11 @@ pub struct Staged {
     pub files: usize,
     /// Bytes written.
     pub bytes: u64,
+    /// Rows that break a rule of the table and were not written; the
+    /// engine hands them to a dead-letter table
+    /// ([`Staged::take_violations`]), and [`Sink::commit`] refuses a
+    /// batch that still holds any.
+    pub violations: Vec<Violation>,
     parts: Vec<Box<dyn Any + Send>>,
 }
 
@@ -191,6 +297,7 @@ impl std::fmt::Debug for Staged {
             .field("rows", &self.rows)
             .field("files", &self.files)
             .field("bytes", &self.bytes)
+            .field("violations", &self.violations.len())
             .field("parts", &self.parts.len())
             .finish()
     }
@@ -205,7 +312,40 @@ impl Staged {
             rows,
             files,
             bytes,
+            violations: Vec::new(),
             parts: vec![Box::new(part)],
+        }
+    }
+
+    /// With the rows that break the table's rules.
+    pub fn with_violations(mut self, violations: Vec<Violation>) -> Self {
+        self.violations = violations;
+        self
+    }
+
+    /// Take the rows that break the table's rules out of the batch (to
+    /// set them aside): the batch can then be committed without them.
+    pub fn take_violations(&mut self) -> Vec<Violation> {
+        std::mem::take(&mut self.violations)
+    }
+
+    /// [`Error::ConstraintViolation`] for the first rule the batch's rows
+    /// break, if any row does.
+    pub fn check_violations(&self) -> Result<()> {
+        match self.violations.first() {
+            Some(v) => Err(Error::ConstraintViolation {
+                table: v.table.clone(),
+                batch_id: self.batch_id,
+                rule: v.rule(),
+                rows: self
+                    .violations
+                    .iter()
+                    .filter(|o| o.kind == v.kind && o.name == v.name)
+                    .map(|o| o.rows.num_rows())
+                    .sum(),
+                row: v.row_json(0),
+            }),
+            None => Ok(()),
         }
     }
 
@@ -215,6 +355,7 @@ impl Staged {
         self.rows += other.rows;
         self.files += other.files;
         self.bytes += other.bytes;
+        self.violations.extend(other.violations);
         self.parts.extend(other.parts);
         self
     }
@@ -302,6 +443,16 @@ pub trait Sink: Send + Sync {
     /// check that it accepts this schema ([`Error::SchemaMismatch`] if not).
     /// Called once before any batch; writes nothing when it fails.
     async fn open(&self, schema: SchemaRef) -> Result<()>;
+
+    /// Whether the target accepts batches changing it as `write` says
+    /// (an append-only table refuses the rewrites of the update and
+    /// complete modes). Called once after [`Sink::open`], before any
+    /// batch; an error stops the query before it reads anything. The
+    /// default accepts every mode.
+    async fn accepts(&self, write: &WriteMode) -> Result<()> {
+        let _ = write;
+        Ok(())
+    }
 
     /// The highest batch id committed by `query_id`, if any. Reads the latest
     /// table state.

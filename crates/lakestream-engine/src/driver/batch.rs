@@ -147,51 +147,81 @@ impl Driver {
                 .map_err(|source| Error::SourceInBatch { batch_id, source })?;
         }
         let scans = Arc::new(scans);
-        let mut exec_time = t_exec.elapsed();
         let mut commit_time = Duration::ZERO;
         let mut written: Vec<(u64, usize, u64)> = vec![(0, 0, 0); n];
-        let mut meta: Option<CommitMeta> = None;
-        let mut rejected = Rejections::new();
-        let mut first_commit = true;
         let claims = self.claims(entry)?;
         let mut superseded: Option<String> = None;
+
+        // Stage every query output the batch lacks: its files are written,
+        // not yet visible, and the rows that break its table's rules are
+        // set apart.
+        let mut staged: Vec<Option<lakestream_sink::Staged>> = (0..n).map(|_| None).collect();
         for (i, output) in self.outputs.iter().enumerate() {
             if already[i] {
                 continue;
             }
-            let t_out = Instant::now();
-            let staged = match &output.kind {
-                OutputKind::Query(plan) => {
-                    let (staged, state) = self
-                        .execute(batch_id, entry, scans.clone(), plan, output)
-                        .await?;
-                    if state.is_some() {
-                        progress.state = state;
-                    }
-                    Some(staged)
+            if let OutputKind::Query(plan) = &output.kind {
+                let (s, state) = self
+                    .execute(batch_id, entry, scans.clone(), plan, output)
+                    .await?;
+                if state.is_some() {
+                    progress.state = state;
                 }
-                OutputKind::DeadLetters(_) => {
-                    if meta.is_none() {
-                        // No query ran in this attempt (a replay missing
-                        // only its dead letters): read to find them again.
-                        scans
-                            .drain(&self.tables)
-                            .await
-                            .map_err(|source| Error::SourceInBatch { batch_id, source })?;
-                    }
-                    None
-                }
-            };
-            // The input is all read once the first output ran.
-            if meta.is_none() {
-                let (m, r) = self.input_summary(entry, &scans, &mut progress)?;
-                meta = Some(m);
-                rejected = r;
+                staged[i] = Some(s);
             }
-            let staged = match (staged, &output.kind) {
-                (Some(s), _) => s,
-                (None, OutputKind::DeadLetters(sources)) => {
-                    let rows: Vec<(String, Rejected)> = sources
+        }
+        let ran_query = staged.iter().any(Option::is_some);
+        if !ran_query {
+            // No query ran in this attempt (a replay missing only its dead
+            // letters): read to find the records the sources reject.
+            scans
+                .drain(&self.tables)
+                .await
+                .map_err(|source| Error::SourceInBatch { batch_id, source })?;
+        }
+        // The input is all read once the queries ran.
+        let (meta, mut rejected) = self.input_summary(entry, &scans, &mut progress)?;
+        // Rows breaking a table's rules go to the query's first dead-letter
+        // table; without one they stay in their output's batch, whose
+        // commit then fails naming the rule and the row.
+        let first_dead_letters = self
+            .outputs
+            .iter()
+            .position(|o| matches!(o.kind, OutputKind::DeadLetters(_)));
+        let mut violations: Vec<(String, Rejected)> = Vec::new();
+        if let Some(d) = first_dead_letters {
+            for s in staged.iter_mut().flatten() {
+                for v in s.take_violations() {
+                    progress.rule_violations += v.rows.num_rows() as u64;
+                    violations.extend(violation_rows(&v));
+                }
+            }
+            // Committed with the dead letters by an earlier attempt.
+            if already[d] {
+                violations.clear();
+            }
+        }
+        let mut exec_time = t_exec.elapsed();
+
+        // Commit the dead letters first, then the outputs: a replay after
+        // a crash between them finds the dead letters in their table and
+        // stages the outputs again, whose set-apart rows it then drops.
+        let order: Vec<usize> = (0..n)
+            .filter(|i| matches!(self.outputs[*i].kind, OutputKind::DeadLetters(_)))
+            .chain((0..n).filter(|i| matches!(self.outputs[*i].kind, OutputKind::Query(_))))
+            .collect();
+        let mut first_commit = true;
+        for i in order {
+            let output = &self.outputs[i];
+            if already[i] {
+                continue;
+            }
+            let staged = match (&output.kind, staged[i].take()) {
+                (OutputKind::Query(_), Some(s)) => s,
+                (OutputKind::Query(_), None) => unreachable!("a query output stages its rows"),
+                (OutputKind::DeadLetters(sources), _) => {
+                    let t_out = Instant::now();
+                    let mut rows: Vec<(String, Rejected)> = sources
                         .iter()
                         .flat_map(|s| {
                             rejected
@@ -201,24 +231,26 @@ impl Driver {
                                 .map(move |r| (s.clone(), r))
                         })
                         .collect();
+                    if Some(i) == first_dead_letters {
+                        rows.append(&mut violations);
+                    }
                     if rows.is_empty() {
                         // Nothing rejected: no commit to the dead letters.
-                        exec_time += t_out.elapsed();
                         continue;
                     }
                     let mut w = output.sink.begin(batch_id).await?;
                     w.write(dead_letter::rows(rows, batch_id, entry.batch_timestamp_ms))
                         .await?;
-                    w.finish().await?
+                    let s = w.finish().await?;
+                    exec_time += t_out.elapsed();
+                    s
                 }
-                (None, OutputKind::Query(_)) => unreachable!("a query output stages its rows"),
             };
-            exec_time += t_out.elapsed();
             if first_commit {
                 self.fail(FailPoint::AfterFiles, batch_id)?;
             }
             let t_commit = Instant::now();
-            let mut meta = meta.clone().expect("set above");
+            let mut meta = meta.clone();
             meta.insert("sqlFingerprint".into(), output.fingerprint.clone().into());
             if !claims.is_empty() {
                 // Which range of each partition this commit holds, for
@@ -274,10 +306,6 @@ impl Driver {
                 first_commit = false;
                 self.fail(FailPoint::AfterCommit, batch_id)?;
             }
-        }
-        if meta.is_none() {
-            // Every output found the batch in its table on commit.
-            self.input_summary(entry, &scans, &mut progress)?;
         }
         let skipped = already.iter().all(|a| *a);
         let t_mark = Instant::now();
@@ -584,6 +612,24 @@ impl Driver {
         };
         Ok((staged, state_progress))
     }
+}
+
+/// The dead-letter rows of output rows that broke a rule of their table:
+/// each row as a JSON object of its columns, under the table's URL as its
+/// source, with the rule it broke.
+fn violation_rows(v: &lakestream_sink::Violation) -> Vec<(String, Rejected)> {
+    (0..v.rows.num_rows())
+        .map(|i| {
+            (
+                v.table.clone(),
+                Rejected {
+                    record: v.row_json(i).into_bytes(),
+                    error: format!("the row violates the table's {}", v.rule()),
+                    ..Default::default()
+                },
+            )
+        })
+        .collect()
 }
 
 /// What every output's commit of a batch records (`commitInfo.lakestream`).

@@ -10,10 +10,12 @@ impl DeltaSink {
     /// (parsing each file's statistics) and so costs more with every file
     /// the table holds.
     ///
-    /// Does not commit when the table's writer protocol is above 2
-    /// (delta-rs's commit then checks the table features), or when another
-    /// writer created that version first (delta-rs's commit then reads it
-    /// and checks for conflicts).
+    /// The table's features were checked when the sink opened it
+    /// ([`super::features`]); an append asks nothing more of them but an
+    /// `inCommitTimestamp` when the table keeps them, carried by the
+    /// commit's first action. Does not commit when another writer created
+    /// that version first (delta-rs's commit then reads it and checks for
+    /// conflicts).
     pub(super) async fn append_commit(
         &self,
         loaded: &Loaded,
@@ -26,16 +28,22 @@ impl DeltaSink {
         let Some(head) = self.head(loaded) else {
             return Ok(Append::NotApplicable);
         };
-        if loaded.meta.protocol().min_writer_version() > 2 {
-            return Ok(Append::NotApplicable);
-        }
         let commit_err = |e: TransactionError| Error::Commit {
             table: self.name.clone(),
             batch_id,
             source: Box::new(DeltaTableError::from(e)),
         };
         let version = head + 1;
-        let bytes = CommitData::new(actions.to_vec(), operation, app_metadata, transactions)
+        let mut actions = actions.to_vec();
+        let ict = self.in_commit_timestamp(loaded, version).await?;
+        if let Some(ict) = ict {
+            // Delta readers take the commit's time from its first action.
+            let mut info = operation.get_commit_info();
+            info.timestamp = Some(ict);
+            info.in_commit_timestamp = Some(ict);
+            actions.insert(0, Action::CommitInfo(info));
+        }
+        let bytes = CommitData::new(actions, operation, app_metadata, transactions)
             .get_bytes()
             .map_err(commit_err)?;
         match loaded
@@ -48,7 +56,12 @@ impl DeltaSink {
             )
             .await
         {
-            Ok(()) => Ok(Append::Committed(version)),
+            Ok(()) => {
+                if let Some(ict) = ict {
+                    self.contract.lock().expect("contract lock").last_ict = Some((version, ict));
+                }
+                Ok(Append::Committed(version))
+            }
             Err(TransactionError::VersionAlreadyExists(_)) => {
                 tracing::debug!(table = %self.name, version, "version taken by another writer; committing through delta-rs");
                 Ok(Append::Taken)
@@ -78,4 +91,46 @@ impl DeltaSink {
         }
         self.maybe_compact(loaded, info.batch_id).await;
     }
+}
+
+impl DeltaSink {
+    /// The `inCommitTimestamp` of commit `version` when the table keeps
+    /// them (`None` otherwise): the time now, or one millisecond past the
+    /// previous commit's when the clock is behind it (the protocol asks
+    /// for strictly increasing timestamps).
+    pub(super) async fn in_commit_timestamp(
+        &self,
+        loaded: &Loaded,
+        version: u64,
+    ) -> Result<Option<i64>> {
+        let known = {
+            let contract = self.contract.lock().expect("contract lock");
+            if !contract.features.in_commit_timestamps {
+                return Ok(None);
+            }
+            contract.last_ict
+        };
+        let previous = match (known, version.checked_sub(1)) {
+            (_, None) => None,
+            (Some((v, t)), Some(p)) if v == p => Some(t),
+            (_, Some(p)) => {
+                let bytes = loaded
+                    .meta
+                    .log_store()
+                    .read_commit_entry(p)
+                    .await
+                    .map_err(|e| self.table_err(e))?;
+                bytes.and_then(|b| first_in_commit_timestamp(&b))
+            }
+        };
+        let now = chrono::Utc::now().timestamp_millis();
+        Ok(Some(previous.map_or(now, |p| now.max(p + 1))))
+    }
+}
+
+/// The `inCommitTimestamp` of a commit file's first action, if it has one.
+fn first_in_commit_timestamp(commit: &[u8]) -> Option<i64> {
+    let first = commit.split(|b| *b == b'\n').next()?;
+    let action: serde_json::Value = serde_json::from_slice(first).ok()?;
+    action.get("commitInfo")?.get("inCommitTimestamp")?.as_i64()
 }

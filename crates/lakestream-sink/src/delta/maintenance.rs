@@ -10,6 +10,14 @@ impl DeltaSink {
     /// checkpoint, at the then latest version, stands for all that fell
     /// due meanwhile).
     pub(super) fn spawn_checkpoint(&self, version: u64, cleanup: bool) {
+        // checkpointProtection: this writer never removes history.
+        let cleanup = cleanup
+            && !self
+                .contract
+                .lock()
+                .expect("contract lock")
+                .features
+                .checkpoint_protection;
         let mut slot = self.checkpointing.lock().expect("checkpoint slot");
         if slot.running.as_ref().is_some_and(|h| !h.is_finished()) {
             tracing::debug!(table = %self.name, version, "the previous Delta checkpoint is still being written; this one starts after it");

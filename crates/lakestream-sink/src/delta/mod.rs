@@ -57,10 +57,12 @@ use crate::{
 use lakestream_storage::Location;
 
 mod append;
+pub mod features;
 mod maintenance;
 mod merge;
 mod partition_files;
 mod positions;
+mod rules;
 mod schema;
 mod txn;
 mod writer;
@@ -199,6 +201,26 @@ pub struct DeltaSink {
     evolution: std::sync::Mutex<Option<Evolution>>,
     /// Source positions kept in the table, as of one version.
     positions: Mutex<positions::PositionCache>,
+    /// What the table's protocol and properties ask of this writer, as of
+    /// [`Sink::open`] (or the sink's own schema change since).
+    contract: std::sync::Mutex<Contract>,
+}
+
+/// The table's features and row rules as the sink opened it, and what
+/// they were derived from: a commit finding them changed by another
+/// writer refuses to commit a batch written under the old ones.
+#[derive(Debug, Default)]
+struct Contract {
+    features: features::TableFeatures,
+    /// The rules every written row is checked against (`None`: none).
+    rules: Option<Arc<rules::TableRules>>,
+    /// The query leaves out generated columns the sink computes: batches
+    /// are matched to the table's columns by name.
+    computes_columns: bool,
+    /// The protocol, configuration and schema the above come from.
+    source: String,
+    /// The newest `inCommitTimestamp` the sink knows, with its version.
+    last_ict: Option<(u64, i64)>,
 }
 
 /// A query's output written into a table with other columns
@@ -293,6 +315,7 @@ impl DeltaSink {
             retries: Default::default(),
             evolution: Default::default(),
             positions: Default::default(),
+            contract: Default::default(),
         })
     }
 
@@ -399,6 +422,25 @@ impl DeltaSink {
         *head = Some(head.map_or(version, |h| h.max(version)));
     }
 
+    /// Refuse to commit batch `batch_id` when another writer changed the
+    /// table's protocol, properties or schema since the sink opened it:
+    /// the batch's rows were checked against the old rules. A restart
+    /// opens the table again and checks the batch against the new ones.
+    fn check_contract(&self, loaded: &Loaded, batch_id: u64) -> Result<()> {
+        let now = contract_source(&loaded.meta);
+        if self.contract.lock().expect("contract lock").source == now {
+            return Ok(());
+        }
+        Err(Error::Commit {
+            table: self.name.clone(),
+            batch_id,
+            source: "another writer changed the table's protocol, properties or schema while \
+                     the batch was written; the batch is not committed: restart the query to \
+                     check it against the table as it is now"
+                .into(),
+        })
+    }
+
     /// Learn the table's latest version. A version past this sink's own
     /// head was committed by another writer, which may have changed the
     /// schema or protocol: the metadata is reloaded then (and the file
@@ -438,6 +480,51 @@ pub fn open_table(location: &Location) -> Result<DeltaTable, DeltaTableError> {
     deltalake::DeltaTableBuilder::from_url(url.clone())?
         .with_storage_backend(store, url)
         .build()
+}
+
+/// The features of the table `meta` and how this sink handles each.
+pub(crate) fn features_of(meta: &BlindDeltaTable) -> features::TableFeatures {
+    let protocol = meta.protocol();
+    let named: Vec<String> = protocol
+        .writer_features()
+        .map(|f| f.iter().map(|f| f.to_string()).collect())
+        .unwrap_or_default();
+    features::TableFeatures::of(
+        protocol.min_reader_version(),
+        protocol.min_writer_version(),
+        &named,
+        meta.metadata().configuration(),
+        &meta.schema(),
+    )
+}
+
+/// The features of the Delta table at `location` and how this sink
+/// handles each (`None`: no table there): what `verify` reports and what
+/// maintenance checks before it rewrites files.
+pub async fn table_features(location: &Location) -> Result<Option<features::TableFeatures>> {
+    location.ensure_local_dir()?;
+    let table_err = |source: DeltaTableError| Error::Table {
+        table: location.url().to_string(),
+        source: Box::new(source),
+    };
+    let log_store = open_table(location).map_err(table_err)?.log_store();
+    match BlindDeltaTable::try_new_with_log_store(log_store).await {
+        Ok(meta) => Ok(Some(features_of(&meta))),
+        Err(DeltaTableError::NotATable(_)) => Ok(None),
+        Err(e) => Err(table_err(e)),
+    }
+}
+
+/// What the sink's rules for a table are derived from: its protocol,
+/// properties and schema.
+fn contract_source(meta: &BlindDeltaTable) -> String {
+    let config: std::collections::BTreeMap<_, _> = meta.metadata().configuration().iter().collect();
+    format!(
+        "{}\n{}\n{}",
+        serde_json::to_string(meta.protocol()).unwrap_or_default(),
+        serde_json::to_string(&config).unwrap_or_default(),
+        serde_json::to_string(meta.schema().as_ref()).unwrap_or_default(),
+    )
 }
 
 /// Open and load the Delta table at `location`: `None` when no table is
@@ -620,9 +707,37 @@ impl Sink for DeltaSink {
                 }
             }
         };
+        let table_features = features_of(&meta);
+        table_features.check(&self.name)?;
+        if self.options.auto_compact_every.is_some() {
+            table_features.check_maintenance(&self.name, "auto-compaction (auto_compact_every)")?;
+        }
         let existing = meta.arrow_schema().map_err(|e| self.table_err(e))?;
         let have = delta_schema(&existing);
+        let produced: Vec<String> = wanted.fields().iter().map(|f| f.name().clone()).collect();
+        // Generated columns the query leaves out are computed by the sink.
+        let kernel_schema = meta.schema();
+        let omitted: Vec<&str> = kernel_schema
+            .fields()
+            .filter(|f| {
+                f.get_config_value(&buoyant_kernel::schema::ColumnMetadataKey::GenerationExpression)
+                    .is_some()
+                    && !produced.iter().any(|p| p == f.name())
+            })
+            .map(|f| f.name().as_str())
+            .collect();
+        let without_omitted = Schema::new(
+            have.fields()
+                .iter()
+                .filter(|f| !omitted.contains(&f.name().as_str()))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+        let mut computes_columns = false;
         let evolution = if crate::same_columns(&have, &wanted) {
+            None
+        } else if !omitted.is_empty() && crate::same_columns(&without_omitted, &wanted) {
+            computes_columns = true;
             None
         } else if self.options.merge_schema {
             Some(self.evolve(&meta, &existing, &wanted)?)
@@ -636,6 +751,24 @@ impl Sink for DeltaSink {
                     describe_schema(&wanted)
                 ),
             });
+        };
+        let written = match &evolution {
+            Some(ev) => delta_schema(&ev.schema),
+            None => have.clone(),
+        };
+        let rules = rules::TableRules::compile(
+            &self.name,
+            &kernel_schema,
+            meta.metadata().configuration(),
+            &written,
+            &produced,
+        )?;
+        *self.contract.lock().expect("contract lock") = Contract {
+            features: table_features,
+            rules: rules.map(Arc::new),
+            computes_columns,
+            source: contract_source(&meta),
+            last_ict: None,
         };
         *self.evolution.lock().expect("evolution lock") = evolution;
         let parts: Vec<String> = meta.metadata().partition_columns().to_vec();
@@ -663,6 +796,20 @@ impl Sink for DeltaSink {
         }
         self.set_head(meta.version());
         *guard = Some(Loaded { meta, full: None });
+        Ok(())
+    }
+
+    async fn accepts(&self, write: &WriteMode) -> Result<()> {
+        let contract = self.contract.lock().expect("contract lock");
+        contract.features.check_write(&self.name, write)?;
+        if *write != WriteMode::Append && contract.computes_columns {
+            return Err(Error::InvalidConfig {
+                table: self.name.clone(),
+                reason: "the update and complete output modes write the query's columns as \
+                         they are; produce the table's generated columns in the query"
+                    .into(),
+            });
+        }
         Ok(())
     }
 
@@ -720,9 +867,13 @@ impl Sink for DeltaSink {
             )),
         };
         let table_schema = loaded.meta.arrow_schema().map_err(write_err)?;
+        let (rules, computes_columns) = {
+            let contract = self.contract.lock().expect("contract lock");
+            (contract.rules.clone(), contract.computes_columns)
+        };
         let (schema, by_name) = match evolution {
             Some(ev) => (delta_schema(&ev.schema), true),
-            None => (delta_schema(table_schema.as_ref()), false),
+            None => (delta_schema(table_schema.as_ref()), computes_columns),
         };
         // Where the partition columns sit in the batches, for the run split
         // (the blind writer only: an evolving writer has no partitions).
@@ -762,10 +913,20 @@ impl Sink for DeltaSink {
             flush_after: usize::try_from(self.options.unordered_flush_size).unwrap_or(usize::MAX),
             unflushed: 0,
             flushed: Vec::new(),
+            rules,
+            violations: Vec::new(),
         }))
     }
 
     async fn commit(&self, staged: Staged, info: &CommitInfo) -> Result<CommitOutcome> {
+        // Rows that break the table's rules were left out of the files:
+        // unless the engine set them aside, the batch is refused whole.
+        staged.check_violations()?;
+        self.contract
+            .lock()
+            .expect("contract lock")
+            .features
+            .check_write(&self.name, &info.write)?;
         let mut guard = self.table.lock().await;
         let loaded = guard.as_mut().ok_or_else(|| Error::InvalidConfig {
             table: self.name.clone(),
@@ -807,6 +968,7 @@ impl Sink for DeltaSink {
             Some(c) if c.app_id == info.query_id && Some(c.table_version) == head => c.txn,
             _ => {
                 self.refresh(loaded).await?;
+                self.check_contract(loaded, info.batch_id)?;
                 self.txn_version(loaded, &info.query_id).await?
             }
         };
@@ -874,6 +1036,7 @@ impl Sink for DeltaSink {
                     {
                         return Ok(done);
                     }
+                    self.check_contract(loaded, info.batch_id)?;
                     refreshed = true;
                     let latest = self.head(loaded).unwrap_or_default();
                     if txn::changes_table(loaded.meta.log_store().as_ref(), tried, latest).await {
@@ -915,17 +1078,36 @@ impl Sink for DeltaSink {
         if let Some(done) = done {
             return Ok(done);
         }
+        self.check_contract(loaded, info.batch_id)?;
         // delta-rs writes a Delta checkpoint with commit `v` when `v + 1` is
         // a multiple of the interval. Expired-log cleanup lists the whole
         // log: it runs with such a commit, and at most once per
         // CLEANUP_EVERY_VERSIONS versions, so a commit's cost does not grow
         // with the log.
         let interval = checkpoint_interval(&loaded.meta);
+        let protected = self
+            .contract
+            .lock()
+            .expect("contract lock")
+            .features
+            .checkpoint_protection;
+        let next = self.full(loaded).await?.version().unwrap_or_default() + 1;
+        let mut app_metadata = app_metadata;
+        let mut retries = COMMIT_RETRIES;
+        if let Some(ict) = self.in_commit_timestamp(loaded, next).await? {
+            // delta-rs puts commitInfo first and keeps this key in it. Its
+            // rebase onto a later version would keep a timestamp chosen
+            // for this one: a lost race fails the batch instead (a
+            // restart re-runs it).
+            app_metadata.insert("inCommitTimestamp".into(), serde_json::json!(ict));
+            retries = 0;
+        }
         let table = self.full(loaded).await?;
-        let next = table.version().unwrap_or_default() + 1;
         let props = CommitProperties::default()
-            .with_max_retries(COMMIT_RETRIES)
-            .with_cleanup_expired_logs(Some((next + 1).is_multiple_of(cleanup_every(interval))))
+            .with_max_retries(retries)
+            .with_cleanup_expired_logs(Some(
+                !protected && (next + 1).is_multiple_of(cleanup_every(interval)),
+            ))
             .with_application_transaction(transaction)
             .with_metadata(app_metadata);
         if let WriteMode::Upsert { keys } = &info.write

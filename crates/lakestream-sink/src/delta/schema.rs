@@ -187,6 +187,8 @@ impl DeltaSink {
             ev.metadata = None;
         }
         if let Some(meta) = self.load_meta().await? {
+            // The table's rules now come from the schema this sink wrote.
+            self.contract.lock().expect("contract lock").source = contract_source(&meta);
             loaded.meta = meta;
         }
         Ok(())

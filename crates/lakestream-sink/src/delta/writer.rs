@@ -60,6 +60,10 @@ pub(super) struct DeltaBatchWriter {
     pub(super) unflushed: usize,
     /// The files closed before the batch's end.
     pub(super) flushed: Vec<Add>,
+    /// The table's rules each row must keep (`None`: it has none).
+    pub(super) rules: Option<Arc<super::rules::TableRules>>,
+    /// The rows that broke one, left out of the files.
+    pub(super) violations: Vec<crate::Violation>,
 }
 
 impl DeltaBatchWriter {
@@ -113,6 +117,21 @@ impl BatchWriter for DeltaBatchWriter {
                 table: self.table.clone(),
                 reason,
             })?;
+        let batch = match &self.rules {
+            Some(rules) => {
+                let (good, bad) = rules.apply(batch).map_err(|reason| Error::Write {
+                    table: self.table.clone(),
+                    batch_id: self.batch_id,
+                    source: format!("checking the table's rules: {reason}").into(),
+                })?;
+                self.violations.extend(bad);
+                if good.num_rows() == 0 {
+                    return Ok(());
+                }
+                good
+            }
+            None => batch,
+        };
         self.rows += batch.num_rows() as u64;
         let runs = self.runs(&batch);
         let written = match (&mut self.writer, runs, self.files.as_mut()) {
@@ -196,6 +215,7 @@ impl BatchWriter for DeltaBatchWriter {
         let bytes = adds.iter().map(|a| a.size.max(0) as u64).sum();
         let files = adds.len();
         let actions: Vec<Action> = adds.into_iter().map(Action::Add).collect();
-        Ok(Staged::new(self.batch_id, self.rows, files, bytes, actions))
+        Ok(Staged::new(self.batch_id, self.rows, files, bytes, actions)
+            .with_violations(self.violations))
     }
 }
