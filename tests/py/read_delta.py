@@ -6,6 +6,9 @@ usage: read_delta.py TABLE_PATH            rows as JSON lines
        LAKESTREAM_S3_ENDPOINT, LAKESTREAM_S3_KEY_ID, LAKESTREAM_S3_SECRET)
        read_delta.py TABLE_PATH --meta     one JSON object: version, partition columns, schema
        read_delta.py TABLE_PATH --history  the commits' commitInfo, newest first, as JSON lines
+       read_delta.py TABLE_PATH --cdf      the change data feed from version 0 (load_cdf), as
+                                           JSON lines with _change_type and _commit_version
+       read_delta.py TABLE_PATH --protocol the protocol: versions and features, one JSON object
 """
 import json
 import os
@@ -29,6 +32,25 @@ def storage_options(uri: str):
 
 def main() -> None:
     table = deltalake.DeltaTable(sys.argv[1], storage_options=storage_options(sys.argv[1]))
+    if "--cdf" in sys.argv[2:]:
+        for row in table.load_cdf(starting_version=0).read_all().to_pylist():
+            print(json.dumps(row, default=str), flush=True)
+        return
+    if "--protocol" in sys.argv[2:]:
+        p = table.protocol()
+        print(
+            json.dumps(
+                {
+                    "min_reader_version": p.min_reader_version,
+                    "min_writer_version": p.min_writer_version,
+                    "writer_features": p.writer_features,
+                    "reader_features": p.reader_features,
+                    "configuration": table.metadata().configuration,
+                }
+            ),
+            flush=True,
+        )
+        return
     if "--history" in sys.argv[2:]:
         for commit in table.history():
             print(json.dumps(commit, default=str), flush=True)

@@ -91,6 +91,31 @@ pub(crate) fn history_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> Vec<
     json_lines(read_delta_py(table, &["--history"]))
 }
 
+/// The change data feed of the table at `table` from version 0, read by
+/// Python `deltalake`'s `load_cdf`.
+pub(crate) fn cdf_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> Vec<serde_json::Value> {
+    json_lines(read_delta_py(table, &["--cdf"]))
+}
+
+/// The table's protocol (versions, features) and configuration, read by
+/// Python `deltalake`.
+pub(crate) fn protocol_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized)) -> serde_json::Value {
+    serde_json::from_slice(&read_delta_py(table, &["--protocol"])).unwrap()
+}
+
+/// Create a Delta table at `table` with Python `deltalake` from `spec`
+/// (see `tests/py/make_table.py`); its protocol, as the writer left it.
+pub(crate) fn make_table_py(table: &Path, spec: &serde_json::Value) -> serde_json::Value {
+    let o = Command::new(python())
+        .arg(root().join("tests/py/make_table.py"))
+        .arg(table)
+        .arg(spec.to_string())
+        .output()
+        .expect("run python");
+    assert!(o.status.success(), "make_table.py failed: {}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 /// Rows of `sql` through `lakestream query --format json`.
 pub(crate) fn query(dir: &Path, sql: &str) -> Vec<serde_json::Value> {
     let o = run_in(dir, &["query", "--format", "json", sql]);

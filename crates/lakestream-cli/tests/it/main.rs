@@ -11,6 +11,7 @@ mod dead_letters;
 mod errors;
 mod evolution;
 mod faults;
+mod features;
 mod group;
 mod kafka;
 mod maintenance;

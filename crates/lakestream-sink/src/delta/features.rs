@@ -325,6 +325,82 @@ impl TableFeatures {
     }
 }
 
+/// The features of the table at `location` as its newest JSON commits
+/// declare them (its newest `protocol` and `metaData` actions), read
+/// without the Delta kernel: for a table the kernel refuses to load.
+/// `None` when the commits cannot be listed or read, or hold no protocol.
+pub(crate) async fn from_log(location: &lakestream_storage::Location) -> Option<TableFeatures> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStoreExt;
+    let log = location.child("_delta_log");
+    let mut commits: Vec<object_store::path::Path> = location
+        .store()
+        .list(Some(&log))
+        .try_filter(|m| {
+            std::future::ready(m.location.filename().is_some_and(|f| {
+                f.len() == 25 && f.ends_with(".json") && f[..20].bytes().all(|b| b.is_ascii_digit())
+            }))
+        })
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await
+        .ok()?;
+    commits.sort();
+    let (mut protocol, mut metadata): (Option<serde_json::Value>, Option<serde_json::Value>) =
+        (None, None);
+    // A bounded look back: a protocol older than this needs the kernel.
+    for path in commits.iter().rev().take(1000) {
+        let bytes = location.store().get(path).await.ok()?.bytes().await.ok()?;
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
+                continue;
+            };
+            if protocol.is_none() {
+                protocol = action.get("protocol").cloned();
+            }
+            if metadata.is_none() {
+                metadata = action.get("metaData").cloned();
+            }
+        }
+        if protocol.is_some() && metadata.is_some() {
+            break;
+        }
+    }
+    let protocol = protocol?;
+    let version = |k: &str| protocol[k].as_i64().and_then(|v| i32::try_from(v).ok());
+    let names = |k: &str| -> Vec<String> {
+        protocol[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect()
+    };
+    let mut named = names("writerFeatures");
+    named.extend(names("readerFeatures").into_iter().filter(|r| !named.contains(r)).collect::<Vec<_>>());
+    let configuration: std::collections::HashMap<String, String> = metadata
+        .as_ref()
+        .and_then(|m| m["configuration"].as_object())
+        .map(|c| {
+            c.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    let schema = metadata
+        .as_ref()
+        .and_then(|m| m["schemaString"].as_str())
+        .and_then(|s| serde_json::from_str::<StructType>(s).ok())
+        .unwrap_or_else(|| StructType::try_new(Vec::<buoyant_kernel::schema::StructField>::new()).expect("an empty schema"));
+    Some(TableFeatures::of(
+        version("minReaderVersion")?,
+        version("minWriterVersion")?,
+        &named,
+        &configuration,
+        &schema,
+    ))
+}
+
 /// The top-level columns of `schema` that are identity columns.
 fn identity_columns(schema: &StructType) -> Vec<String> {
     schema

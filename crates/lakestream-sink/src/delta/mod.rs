@@ -359,7 +359,18 @@ impl DeltaSink {
                         tokio::time::sleep(std::time::Duration::from_millis(20 * attempt)).await;
                     }
                 },
-                Err(e) => return Err(self.table_err(e)),
+                // The kernel refuses tables it cannot load (one whose commits
+                // a catalog coordinates, say): name the feature when the log
+                // says which.
+                Err(e) => {
+                    return Err(match features::from_log(&self.location).await {
+                        Some(found) => match found.check(&self.name) {
+                            Err(refused) => refused,
+                            Ok(()) => self.table_err(e),
+                        },
+                        None => self.table_err(e),
+                    });
+                }
             }
         }
     }
