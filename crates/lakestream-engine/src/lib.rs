@@ -284,11 +284,11 @@ impl std::str::FromStr for Trigger {
 pub enum FailPoint {
     /// After `offsets/N` is written, before anything is read.
     AfterWriteAhead,
-    /// After the batch's data files are written, before the table commit
-    /// (the first output's, in a query with several).
+    /// After the batch's data files are written, before the first table
+    /// commit (its dead letters' when it has any, else its first output's).
     AfterFiles,
-    /// After the table commit, before `commits/N`; in a query with several
-    /// outputs, after the first output's commit, before the next one's.
+    /// After the first table commit, before `commits/N`; in a query with
+    /// several outputs (dead-letter tables first), before the next one's.
     AfterCommit,
 }
 

@@ -16,7 +16,8 @@
 //! plan fails naming the version, unless `skip_change_commits` is set, in
 //! which case the whole commit is passed over (as Spark's option does). A
 //! commit that changes the table's schema stops the query with the version
-//! named. Tables with deletion vectors or column mapping are refused.
+//! named. A file with a deletion vector is read without the rows its
+//! vector deletes. Tables with column mapping are refused.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -90,6 +91,8 @@ struct DataFile {
     path: String,
     size: u64,
     partition_values: BTreeMap<String, Option<String>>,
+    /// The rows of the file deleted since it was written, when it has them.
+    deletion_vector: Option<deltalake::kernel::DeletionVectorDescriptor>,
 }
 
 /// The files of one unit (a snapshot or a commit).
@@ -280,6 +283,7 @@ impl Inner {
                 path: decode(&f.path()),
                 size: u64::try_from(f.size()).unwrap_or(0),
                 partition_values: f.partition_values_map().into_iter().collect(),
+                deletion_vector: f.deletion_vector_descriptor(),
             })
             .collect();
         files.sort_by(|a, b| a.path.cmp(&b.path));
@@ -316,10 +320,22 @@ impl Inner {
                                 .collect()
                         })
                         .unwrap_or_default();
+                    let deletion_vector = match a.get("deletionVector") {
+                        Some(dv) if !dv.is_null() => {
+                            Some(serde_json::from_value(dv.clone()).map_err(|e| {
+                                self.err(
+                                    &format!("commit {version} has a malformed deletion vector"),
+                                    e,
+                                )
+                            })?)
+                        }
+                        _ => None,
+                    };
                     adds.push(DataFile {
                         path: decode(a["path"].as_str().unwrap_or_default()),
                         size: a["size"].as_u64().unwrap_or(0),
                         partition_values,
+                        deletion_vector,
                     });
                 }
             } else if let Some(r) = action.get("remove") {
@@ -449,6 +465,7 @@ impl Inner {
         partition_columns: Vec<String>,
         file: DataFile,
         batch_size: usize,
+        engine: Arc<dyn buoyant_kernel::Engine>,
     ) -> Result<BatchStream> {
         let path = location.child(&file.path);
         let url = location.url_of(&path);
@@ -458,6 +475,26 @@ impl Inner {
             line: None,
             reason,
         };
+        // The rows the file's deletion vector deletes, ascending.
+        let deleted: Arc<Vec<u64>> = Arc::new(match file.deletion_vector.clone() {
+            None => Vec::new(),
+            Some(dv) => {
+                let mut root = location.url().clone();
+                if !root.path().ends_with('/') {
+                    root.set_path(&format!("{}/", root.path()));
+                }
+                tokio::task::spawn_blocking(move || {
+                    let dv: buoyant_kernel::actions::deletion_vector::DeletionVectorDescriptor =
+                        dv.try_into().map_err(|e| format!("{e}"))?;
+                    dv.row_indexes(engine.storage_handler(), &root)
+                        .map_err(|e| format!("{e}"))
+                })
+                .await
+                .map_err(|e| malformed(format!("reading its deletion vector: {e}")))?
+                .map_err(|e| malformed(format!("reading its deletion vector: {e}")))?
+            }
+        });
+        let mut row = 0u64;
         let (file_schema, stream) =
             crate::files::decode::open_parquet(store, path, file.size, batch_size)
                 .await
@@ -520,7 +557,26 @@ impl Inner {
                 }
                 let out = RecordBatch::try_new(schema.clone(), cols)
                     .map_err(|e| schema_err(e.to_string()))?;
-                Ok(out)
+                // Rows are numbered across the file as it was written.
+                let first = row;
+                row += out.num_rows() as u64;
+                if deleted.is_empty() {
+                    return Ok(out);
+                }
+                let from = deleted.partition_point(|d| *d < first);
+                let to = deleted.partition_point(|d| *d < row);
+                if from == to {
+                    return Ok(out);
+                }
+                let mut keep = vec![true; out.num_rows()];
+                for d in &deleted[from..to] {
+                    keep[(d - first) as usize] = false;
+                }
+                arrow::compute::filter_record_batch(
+                    &out,
+                    &arrow::array::BooleanArray::from(keep),
+                )
+                .map_err(|e| schema_err(e.to_string()))
             })
             .boxed())
     }
@@ -543,9 +599,6 @@ fn check_readable(
     if let Some(features) = protocol.reader_features() {
         for f in features {
             let f = format!("{f:?}").to_ascii_lowercase();
-            if f.contains("deletionvector") {
-                return refuse("deletion vectors");
-            }
             if f.contains("columnmapping") {
                 return refuse("column mapping");
             }
@@ -712,6 +765,7 @@ impl Source for DeltaSource {
                     Ok::<_, Error>(stream::iter(mine).then(move |f| {
                         let inner = inner.clone();
                         async move {
+                            let engine = inner.table.lock().await.log_store().engine(None);
                             Inner::read_file(
                                 inner.name.clone(),
                                 inner.location.store().clone(),
@@ -720,6 +774,7 @@ impl Source for DeltaSource {
                                 inner.partition_columns.clone(),
                                 f,
                                 inner.options.batch_size,
+                                engine,
                             )
                             .await
                         }

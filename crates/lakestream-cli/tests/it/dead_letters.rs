@@ -138,12 +138,13 @@ fn bad_lines_go_to_the_dead_letter_table_once_through_sigkills_and_good_rows_go_
 }
 
 #[test]
-fn a_replay_missing_only_its_dead_letters_reads_again_and_writes_them_once() {
+fn a_replay_whose_dead_letters_are_in_writes_the_output_once_and_them_once() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let (good, bad) = write_mixed(&dir.join("in"), 4);
     std::fs::write(dir.join("job.sql"), files_job(DEAD)).unwrap();
-    // Batch 0 commits to out, then the process dies before its dead letters.
+    // A batch's dead letters are committed before its outputs: batch 0's
+    // go in, then the process dies before its output's commit.
     let o = run_available_now(
         dir,
         "job.sql",
@@ -152,10 +153,8 @@ fn a_replay_missing_only_its_dead_letters_reads_again_and_writes_them_once() {
         &[],
     );
     assert!(!o.status.success(), "{}", text(&o));
-    assert!(
-        !dir.join("bad_events/_delta_log/00000000000000000001.json")
-            .exists()
-    );
+    assert!(dir.join("bad_events/_delta_log/00000000000000000001.json").exists());
+    assert!(!dir.join("out/_delta_log/00000000000000000001.json").exists());
     let o = run_available_now(dir, "job.sql", "ckpt", &[], &["--progress-json"]);
     assert!(o.status.success(), "{}", text(&o));
     let progress: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
@@ -163,9 +162,8 @@ fn a_replay_missing_only_its_dead_letters_reads_again_and_writes_them_once() {
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     let replay = progress.iter().find(|p| p["batch_id"] == 0).unwrap();
-    assert_eq!(replay["outputs"][0]["skipped"], true, "{replay}");
-    assert_eq!(replay["outputs"][1]["skipped"], false, "{replay}");
-    assert_eq!(replay["sources"][0]["deadLetters"], 8, "{replay}");
+    assert_eq!(replay["outputs"][0]["skipped"], false, "{replay}");
+    assert_eq!(replay["outputs"][1]["skipped"], true, "{replay}");
     assert_exactly_once(&read_py(&dir.join("out")), &good);
     assert_eq!(dead_lines(dir), bad);
     let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);
