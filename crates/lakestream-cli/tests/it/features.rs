@@ -614,3 +614,202 @@ fn a_v2_checkpoint_table_with_deletion_vectors_gets_v2_checkpoints() {
         feature_lists(&made)
     );
 }
+
+/// Copy the foreign table `testdata/delta/<name>` to `to`.
+fn copy_golden(name: &str, to: &Path) {
+    let from = root().join("testdata/delta").join(name);
+    let copy = |from: &Path, to: &Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_file() {
+                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        }
+    };
+    copy(&from, to);
+    copy(&from.join("_delta_log"), &to.join("_delta_log"));
+}
+
+/// Sorted values of column `column` of `rows`, as i64.
+fn ints(rows: &[Value], column: &str) -> Vec<i64> {
+    let mut v: Vec<i64> = rows.iter().map(|r| r[column].as_i64().unwrap()).collect();
+    v.sort();
+    v
+}
+
+/// The table's live data files, as its log (JSON commits) says, each with
+/// its `add` action: read by Python from the log, independently of any
+/// Delta reader.
+fn live_adds(table: &Path) -> Vec<Value> {
+    let o = std::process::Command::new(python())
+        .args([
+            "-c",
+            "import sys, glob, json\n\
+             live = {}\n\
+             for f in sorted(glob.glob(sys.argv[1] + '/_delta_log/*.json')):\n\
+             \x20   for a in map(json.loads, open(f)):\n\
+             \x20       if 'add' in a: live[a['add']['path']] = a['add']\n\
+             \x20       if 'remove' in a: live.pop(a['remove']['path'], None)\n\
+             print(json.dumps(list(live.values())))",
+        ])
+        .arg(table)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn the_delta_source_streams_only_the_live_rows_of_files_with_deletion_vectors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The snapshot a query starts from: one file whose vector deletes 0, 9.
+    copy_golden("table-with-dv-small", &dir.join("dv"));
+    std::fs::write(
+        dir.join("job.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE src STORED AS DELTA LOCATION 'dv';\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+         INSERT INTO out SELECT value FROM src;\n",
+    )
+    .unwrap();
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(ints(&read_py(&dir.join("out")), "value"), (1..=8).collect::<Vec<_>>());
+
+    // A commit whose added file carries a vector: read from version 0.
+    copy_golden("with-short-dv", &dir.join("short"));
+    std::fs::write(
+        dir.join("job2.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE src STORED AS DELTA LOCATION 'short'\n\
+         OPTIONS ('starting_version' '0');\n\
+         CREATE EXTERNAL TABLE out2 STORED AS DELTA LOCATION 'out2';\n\
+         INSERT INTO out2 SELECT id FROM src;\n",
+    )
+    .unwrap();
+    let o = run_in(
+        dir,
+        &["run", "job2.sql", "--checkpoint", "ckpt2", "--trigger", "available-now"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let streamed = ints(&read_py(&dir.join("out2")), "id");
+    assert_eq!(streamed.len(), 10 - 3, "{streamed:?}");
+    // The same rows as delta-rs's reader gives for the table.
+    assert_eq!(streamed, ints(&query(dir, "SELECT id FROM 'short'"), "id"));
+}
+
+#[test]
+fn a_stream_into_a_table_with_deletion_vectors_appends_and_keeps_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    copy_golden("table-with-dv-small", &dir.join("dv"));
+    std::fs::create_dir_all(dir.join("in")).unwrap();
+    std::fs::write(
+        dir.join("in/a.json"),
+        (100..110).map(|v| format!("{{\"v\":{v}}}\n")).collect::<String>(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("job.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events (v INT) STORED AS JSON LOCATION 'in';\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'dv';\n\
+         INSERT INTO out SELECT v AS value FROM events;\n",
+    )
+    .unwrap();
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    // The log: the old file still carries its vector; the new one has the
+    // ten rows (its Parquet footer says so).
+    let adds = live_adds(&dir.join("dv"));
+    assert_eq!(adds.len(), 2, "{adds:?}");
+    let old = adds
+        .iter()
+        .find(|a| a["path"].as_str().unwrap().starts_with("part-00000-fae5310a"))
+        .unwrap();
+    assert_eq!(old["deletionVector"]["cardinality"], 2, "{old}");
+    let new = adds.iter().find(|a| a != &old).unwrap();
+    assert!(new["deletionVector"].is_null(), "{new}");
+    let o = std::process::Command::new(python())
+        .args([
+            "-c",
+            "import sys, pyarrow.parquet as pq; print(pq.ParquetFile(sys.argv[1]).metadata.num_rows)",
+        ])
+        .arg(dir.join("dv").join(new["path"].as_str().unwrap()))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "10", "{}", text(&o));
+    let mut expected: Vec<i64> = (1..=8).chain(100..110).collect();
+    expected.sort();
+    assert_eq!(ints(&query(dir, "SELECT value FROM 'dv'"), "value"), expected);
+}
+
+#[test]
+fn update_mode_into_a_table_with_deletion_vectors_keeps_deleted_rows_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let table = dir.join("dv");
+    copy_golden("table-with-dv-small", &table);
+    // Another writer adds a count column (nullable): commit 2.
+    let schema = json!({"type": "struct", "fields": [
+        {"name": "value", "type": "integer", "nullable": true, "metadata": {}},
+        {"name": "n", "type": "long", "nullable": true, "metadata": {}}
+    ]});
+    let commit = [
+        json!({"commitInfo": {"timestamp": 1_700_000_000_000i64, "operation": "ADD COLUMNS"}}),
+        json!({"metaData": {
+            "id": "testId", "format": {"provider": "parquet", "options": {}},
+            "schemaString": schema.to_string(), "partitionColumns": [],
+            "configuration": {"delta.enableDeletionVectors": "true",
+                              "delta.columnMapping.mode": "none"},
+            "createdTime": 1_677_811_175_819i64
+        }}),
+    ];
+    std::fs::write(
+        table.join("_delta_log/00000000000000000002.json"),
+        commit.iter().map(Value::to_string).collect::<Vec<_>>().join("\n"),
+    )
+    .unwrap();
+    // Every value 0..=9 once: 1..=8 are in the table, 0 and 9 were deleted.
+    std::fs::create_dir_all(dir.join("in")).unwrap();
+    std::fs::write(
+        dir.join("in/a.json"),
+        (0..10).map(|v| format!("{{\"v\":{v}}}\n")).collect::<String>(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("job.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE events (v INT) STORED AS JSON LOCATION 'in';\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'dv' OPTIONS ('output_mode' 'update');\n\
+         INSERT INTO out SELECT v AS value, count(*) AS n FROM events GROUP BY v;\n",
+    )
+    .unwrap();
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = query(dir, "SELECT value, n FROM 'dv'");
+    assert_eq!(ints(&rows, "value"), (0..10).collect::<Vec<_>>(), "{rows:?}");
+    assert!(rows.iter().all(|r| r["n"] == 1), "{rows:?}");
+    // The rewritten file's removal names its vector, so every reader sees
+    // the same logical file go.
+    let mut removes = Vec::new();
+    for f in std::fs::read_dir(table.join("_delta_log")).unwrap() {
+        let f = f.unwrap().path();
+        if f.extension().is_some_and(|e| e == "json") {
+            for l in std::fs::read_to_string(&f).unwrap().lines() {
+                let a: Value = serde_json::from_str(l).unwrap();
+                if !a["remove"].is_null() {
+                    removes.push(a["remove"].clone());
+                }
+            }
+        }
+    }
+    let merged = removes
+        .iter()
+        .filter(|r| r["deletionTimestamp"].as_i64() > Some(1_700_000_000_000))
+        .collect::<Vec<_>>();
+    assert!(!merged.is_empty(), "MERGE removed no file: {removes:?}");
+    for r in merged {
+        if r["path"].as_str().unwrap().starts_with("part-00000-fae5310a") {
+            assert_eq!(r["deletionVector"]["cardinality"], 2, "{r}");
+        }
+    }
+}
