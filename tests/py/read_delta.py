@@ -33,7 +33,8 @@ def storage_options(uri: str):
 def main() -> None:
     table = deltalake.DeltaTable(sys.argv[1], storage_options=storage_options(sys.argv[1]))
     if "--cdf" in sys.argv[2:]:
-        for row in table.load_cdf(starting_version=0).read_all().to_pylist():
+        import pyarrow
+        for row in pyarrow.table(table.load_cdf(starting_version=0).read_all()).to_pylist():
             print(json.dumps(row, default=str), flush=True)
         return
     if "--protocol" in sys.argv[2:]:

@@ -765,7 +765,19 @@ async fn stateful_of(
                     .into(),
             ));
         }
-        OutputMode::Append | OutputMode::Complete => {}
+        OutputMode::Append => {}
+        OutputMode::Complete => {
+            // A table with a change data feed records a complete batch's
+            // changed groups as updates by these keys, when it can name them.
+            let keys = lakestream_job::group_key_positions(plan, is_stream)
+                .ok()
+                .map(|ps| {
+                    ps.into_iter()
+                        .map(|i| output_schema.field(i).name().clone())
+                        .collect()
+                });
+            agg.set_replace_keys(keys);
+        }
         OutputMode::Update if agg.is_session() => {
             return Err(user_error(
                 "session windows cannot run in update mode: a session's key (its \

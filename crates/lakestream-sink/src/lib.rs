@@ -219,7 +219,13 @@ pub enum WriteMode {
     Append,
     /// Replace every row of the table by the batch's (aggregations in
     /// complete mode).
-    ReplaceAll,
+    ReplaceAll {
+        /// The columns that name a row (the group keys), when the output
+        /// carries them all (empty: one row, a global aggregate). A table
+        /// with a change data feed then records the rows that changed as
+        /// updates, instead of every row as deleted and inserted again.
+        keys: Option<Vec<String>>,
+    },
     /// Update the rows whose `keys` columns equal a batch row's (NULLs
     /// equal), insert the others (aggregations in update mode).
     Upsert {

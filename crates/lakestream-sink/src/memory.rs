@@ -52,7 +52,7 @@ impl Table {
         let from = self
             .commits
             .iter()
-            .rposition(|c| c.write == WriteMode::ReplaceAll)
+            .rposition(|c| matches!(c.write, WriteMode::ReplaceAll { .. }))
             .unwrap_or(0);
         let mut out: Vec<RecordBatch> = Vec::new();
         for c in &self.commits[from..] {

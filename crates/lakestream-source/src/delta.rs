@@ -572,11 +572,8 @@ impl Inner {
                 for d in &deleted[from..to] {
                     keep[(d - first) as usize] = false;
                 }
-                arrow::compute::filter_record_batch(
-                    &out,
-                    &arrow::array::BooleanArray::from(keep),
-                )
-                .map_err(|e| schema_err(e.to_string()))
+                arrow::compute::filter_record_batch(&out, &arrow::array::BooleanArray::from(keep))
+                    .map_err(|e| schema_err(e.to_string()))
             })
             .boxed())
     }

@@ -173,7 +173,7 @@ pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
     let t = target("replace");
     let a = t.writer().await;
     let replace = |id| CommitInfo {
-        write: WriteMode::ReplaceAll,
+        write: WriteMode::ReplaceAll { keys: None },
         claims: Vec::new(),
         ..info("q", id)
     };

@@ -153,8 +153,14 @@ fn a_replay_whose_dead_letters_are_in_writes_the_output_once_and_them_once() {
         &[],
     );
     assert!(!o.status.success(), "{}", text(&o));
-    assert!(dir.join("bad_events/_delta_log/00000000000000000001.json").exists());
-    assert!(!dir.join("out/_delta_log/00000000000000000001.json").exists());
+    assert!(
+        dir.join("bad_events/_delta_log/00000000000000000001.json")
+            .exists()
+    );
+    assert!(
+        !dir.join("out/_delta_log/00000000000000000001.json")
+            .exists()
+    );
     let o = run_available_now(dir, "job.sql", "ckpt", &[], &["--progress-json"]);
     assert!(o.status.success(), "{}", text(&o));
     let progress: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)

@@ -136,11 +136,18 @@ fn check_constraint_violations_go_to_the_dead_letters_exactly_once_under_kill_9(
     // Both tables against the checkpoint: every batch once, ranges
     // contiguous, no feature refused.
     let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
-    assert!(o.status.success(), "verify after {kills} kills: {}", text(&o));
+    assert!(
+        o.status.success(),
+        "verify after {kills} kills: {}",
+        text(&o)
+    );
     let report: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["clean"], true, "{report}");
     assert_eq!(report["tables"][0]["batches_in_table"], 24, "{report}");
-    assert_eq!(report["tables"][0]["features"]["checkConstraints"], "supported");
+    assert_eq!(
+        report["tables"][0]["features"]["checkConstraints"],
+        "supported"
+    );
 }
 
 #[test]
@@ -169,7 +176,11 @@ fn not_null_columns_and_invariants_hold_their_rows_out() {
     let o = run_job(dir);
     assert!(o.status.success(), "{}", text(&o));
     let rows = read_py(&dir.join("out"));
-    assert_eq!(rows.len(), 2 * 8, "positive amounts below 10 of each file: {rows:?}");
+    assert_eq!(
+        rows.len(),
+        2 * 8,
+        "positive amounts below 10 of each file: {rows:?}"
+    );
     assert!(
         rows.iter()
             .all(|r| !r["event_id"].is_null() && r["amount"].as_f64().unwrap() < 10.0)
@@ -310,7 +321,12 @@ fn an_append_only_table_refuses_update_and_complete_modes_before_the_first_batch
 /// machine makes): one commit with `protocol` and a metaData of
 /// `(event_id string, amount double)` with `configuration`, and
 /// `commit_info` first when given.
-fn hand_made_table(table: &Path, protocol: Value, configuration: Value, commit_info: Option<Value>) {
+fn hand_made_table(
+    table: &Path,
+    protocol: Value,
+    configuration: Value,
+    commit_info: Option<Value>,
+) {
     let log = table.join("_delta_log");
     std::fs::create_dir_all(&log).unwrap();
     let schema = json!({"type": "struct", "fields": [
@@ -348,14 +364,22 @@ fn features_this_writer_cannot_keep_are_refused_by_name_before_any_batch() {
         }}
     ], "features": ["IdentityColumns"]});
     let by_python: Vec<(&str, Value, &str)> = vec![
-        ("row_tracking", spec(json!({"features": ["RowTracking"]})), "rowTracking"),
+        (
+            "row_tracking",
+            spec(json!({"features": ["RowTracking"]})),
+            "rowTracking",
+        ),
         (
             "column_mapping",
             spec(json!({"configuration": {"delta.columnMapping.mode": "name"}})),
             "columnMapping",
         ),
         ("identity", identity, "identityColumns"),
-        ("iceberg", spec(json!({"features": ["IcebergCompatV1"]})), "icebergCompatV1"),
+        (
+            "iceberg",
+            spec(json!({"features": ["IcebergCompatV1"]})),
+            "icebergCompatV1",
+        ),
     ];
     let mut cases: Vec<(String, String)> = Vec::new();
     for (name, s, feature) in by_python {
@@ -400,7 +424,9 @@ fn features_this_writer_cannot_keep_are_refused_by_name_before_any_batch() {
         assert_eq!(o.status.code(), Some(2), "{table}: {}", text(&o));
         let err = stderr(&o);
         assert!(
-            err.contains(&format!("table feature {feature} is not supported by this writer")),
+            err.contains(&format!(
+                "table feature {feature} is not supported by this writer"
+            )),
             "{table}: {err}"
         );
         // Nothing written: the log holds its first commit(s) only.
@@ -416,10 +442,11 @@ fn features_this_writer_cannot_keep_are_refused_by_name_before_any_batch() {
         };
         assert_eq!(log, made, "{table}");
         assert!(
-            !dir.join(table)
-                .read_dir()
+            !dir.join(table).read_dir().unwrap().any(|e| e
                 .unwrap()
-                .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".parquet")),
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".parquet")),
             "{table}: no data file written"
         );
     }
@@ -434,13 +461,7 @@ fn verify_reports_a_feature_the_writer_cannot_keep() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     events(dir, 2);
-    job(
-        dir,
-        "",
-        "out",
-        "",
-        "SELECT event_id, amount FROM events",
-    );
+    job(dir, "", "out", "", "SELECT event_id, amount FROM events");
     let o = run_job(dir);
     assert!(o.status.success(), "{}", text(&o));
     let o = run_in(dir, &["verify", "--checkpoint", "ckpt", "--json"]);
@@ -605,7 +626,10 @@ fn a_v2_checkpoint_table_with_deletion_vectors_gets_v2_checkpoints() {
     assert!(o.status.success(), "{}", text(&o));
     let said: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(said["checkpoints"].as_u64().unwrap() >= 2, "{said}");
-    assert_eq!(said["v2"], true, "checkpoints carry checkpointMetadata: {said}");
+    assert_eq!(
+        said["v2"], true,
+        "checkpoints carry checkpointMetadata: {said}"
+    );
     assert_eq!(
         feature_lists(&json!({
             "writer_features": said["protocol"]["writerFeatures"],
@@ -675,7 +699,10 @@ fn the_delta_source_streams_only_the_live_rows_of_files_with_deletion_vectors() 
     .unwrap();
     let o = run_job(dir);
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(ints(&read_py(&dir.join("out")), "value"), (1..=8).collect::<Vec<_>>());
+    assert_eq!(
+        ints(&read_py(&dir.join("out")), "value"),
+        (1..=8).collect::<Vec<_>>()
+    );
 
     // A commit whose added file carries a vector: read from version 0.
     copy_golden("with-short-dv", &dir.join("short"));
@@ -689,7 +716,14 @@ fn the_delta_source_streams_only_the_live_rows_of_files_with_deletion_vectors() 
     .unwrap();
     let o = run_in(
         dir,
-        &["run", "job2.sql", "--checkpoint", "ckpt2", "--trigger", "available-now"],
+        &[
+            "run",
+            "job2.sql",
+            "--checkpoint",
+            "ckpt2",
+            "--trigger",
+            "available-now",
+        ],
     );
     assert!(o.status.success(), "{}", text(&o));
     let streamed = ints(&read_py(&dir.join("out2")), "id");
@@ -706,7 +740,9 @@ fn a_stream_into_a_table_with_deletion_vectors_appends_and_keeps_them() {
     std::fs::create_dir_all(dir.join("in")).unwrap();
     std::fs::write(
         dir.join("in/a.json"),
-        (100..110).map(|v| format!("{{\"v\":{v}}}\n")).collect::<String>(),
+        (100..110)
+            .map(|v| format!("{{\"v\":{v}}}\n"))
+            .collect::<String>(),
     )
     .unwrap();
     std::fs::write(
@@ -724,7 +760,12 @@ fn a_stream_into_a_table_with_deletion_vectors_appends_and_keeps_them() {
     assert_eq!(adds.len(), 2, "{adds:?}");
     let old = adds
         .iter()
-        .find(|a| a["path"].as_str().unwrap().starts_with("part-00000-fae5310a"))
+        .find(|a| {
+            a["path"]
+                .as_str()
+                .unwrap()
+                .starts_with("part-00000-fae5310a")
+        })
         .unwrap();
     assert_eq!(old["deletionVector"]["cardinality"], 2, "{old}");
     let new = adds.iter().find(|a| a != &old).unwrap();
@@ -737,10 +778,18 @@ fn a_stream_into_a_table_with_deletion_vectors_appends_and_keeps_them() {
         .arg(dir.join("dv").join(new["path"].as_str().unwrap()))
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "10", "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "10",
+        "{}",
+        text(&o)
+    );
     let mut expected: Vec<i64> = (1..=8).chain(100..110).collect();
     expected.sort();
-    assert_eq!(ints(&query(dir, "SELECT value FROM 'dv'"), "value"), expected);
+    assert_eq!(
+        ints(&query(dir, "SELECT value FROM 'dv'"), "value"),
+        expected
+    );
 }
 
 #[test]
@@ -766,14 +815,20 @@ fn update_mode_into_a_table_with_deletion_vectors_keeps_deleted_rows_deleted() {
     ];
     std::fs::write(
         table.join("_delta_log/00000000000000000002.json"),
-        commit.iter().map(Value::to_string).collect::<Vec<_>>().join("\n"),
+        commit
+            .iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
     )
     .unwrap();
     // Every value 0..=9 once: 1..=8 are in the table, 0 and 9 were deleted.
     std::fs::create_dir_all(dir.join("in")).unwrap();
     std::fs::write(
         dir.join("in/a.json"),
-        (0..10).map(|v| format!("{{\"v\":{v}}}\n")).collect::<String>(),
+        (0..10)
+            .map(|v| format!("{{\"v\":{v}}}\n"))
+            .collect::<String>(),
     )
     .unwrap();
     std::fs::write(
@@ -786,7 +841,11 @@ fn update_mode_into_a_table_with_deletion_vectors_keeps_deleted_rows_deleted() {
     let o = run_job(dir);
     assert!(o.status.success(), "{}", text(&o));
     let rows = query(dir, "SELECT value, n FROM 'dv'");
-    assert_eq!(ints(&rows, "value"), (0..10).collect::<Vec<_>>(), "{rows:?}");
+    assert_eq!(
+        ints(&rows, "value"),
+        (0..10).collect::<Vec<_>>(),
+        "{rows:?}"
+    );
     assert!(rows.iter().all(|r| r["n"] == 1), "{rows:?}");
     // The rewritten file's removal names its vector, so every reader sees
     // the same logical file go.
@@ -808,8 +867,132 @@ fn update_mode_into_a_table_with_deletion_vectors_keeps_deleted_rows_deleted() {
         .collect::<Vec<_>>();
     assert!(!merged.is_empty(), "MERGE removed no file: {removes:?}");
     for r in merged {
-        if r["path"].as_str().unwrap().starts_with("part-00000-fae5310a") {
+        if r["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("part-00000-fae5310a")
+        {
             assert_eq!(r["deletionVector"]["cardinality"], 2, "{r}");
         }
     }
+}
+
+/// The change data feed's rows by commit version: (change type, key, n),
+/// sorted, per version.
+fn feed_by_version(
+    table: &Path,
+    key: &str,
+) -> std::collections::BTreeMap<i64, Vec<(String, i64, i64)>> {
+    let mut by: std::collections::BTreeMap<i64, Vec<(String, i64, i64)>> = Default::default();
+    for r in cdf_py(table) {
+        by.entry(r["_commit_version"].as_i64().unwrap())
+            .or_default()
+            .push((
+                r["_change_type"].as_str().unwrap().to_string(),
+                r[key].as_i64().unwrap(),
+                r["n"].as_i64().unwrap(),
+            ));
+    }
+    for v in by.values_mut() {
+        v.sort();
+    }
+    by
+}
+
+#[test]
+fn update_mode_writes_the_change_data_feed_once_per_batch_under_kill_9() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    events(dir, 12);
+    make_table_py(
+        &dir.join("per_user"),
+        &json!({
+            "columns": [{"name": "user_id", "type": "long"}, {"name": "n", "type": "long"}],
+            "configuration": {"delta.enableChangeDataFeed": "true"}
+        }),
+    );
+    job(
+        dir,
+        "",
+        "per_user",
+        " OPTIONS ('output_mode' 'update')",
+        "SELECT user_id, count(*) AS n FROM events GROUP BY user_id",
+    );
+    let kills = kill_run_job(dir, 5, 2);
+    // Each file has three events of users 0..=5 and two of user 6.
+    let per_file = |u: i64| if u == 6 { 2 } else { 3 };
+    let rows = read_py(&dir.join("per_user"));
+    assert_eq!(rows.len(), 7, "{rows:?}");
+    for r in &rows {
+        let u = r["user_id"].as_i64().unwrap();
+        assert_eq!(r["n"].as_i64().unwrap(), 12 * per_file(u), "{r}");
+    }
+    // One version of the feed per batch: its first inserts every user,
+    // each later one updates every user from k to k + 1 files' count.
+    let feed = feed_by_version(&dir.join("per_user"), "user_id");
+    assert_eq!(feed.len(), 12, "after {kills} kills: {feed:?}");
+    for (i, changes) in feed.values().enumerate() {
+        let i = i as i64;
+        let mut expected = Vec::new();
+        for u in 0..7 {
+            if i == 0 {
+                expected.push(("insert".to_string(), u, per_file(u)));
+            } else {
+                expected.push(("update_postimage".to_string(), u, (i + 1) * per_file(u)));
+                expected.push(("update_preimage".to_string(), u, i * per_file(u)));
+            }
+        }
+        expected.sort();
+        assert_eq!(changes, &expected, "batch {i}");
+    }
+}
+
+#[test]
+fn complete_mode_writes_only_the_groups_that_changed_to_the_change_data_feed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("in")).unwrap();
+    let line = |u: i64| {
+        format!(
+            "{{\"event_id\":\"e\",\"user_id\":{u},\"event_type\":\"click\",\"amount\":1.0,\"ts\":\"2026-01-01T10:00:00Z\"}}\n"
+        )
+    };
+    for (name, users) in [("a", vec![1, 2]), ("b", vec![1]), ("c", vec![3])] {
+        let body: String = users.into_iter().map(line).collect();
+        std::fs::write(dir.join("in").join(format!("{name}.json")), body).unwrap();
+    }
+    make_table_py(
+        &dir.join("per_user"),
+        &json!({
+            "columns": [{"name": "user_id", "type": "long"}, {"name": "n", "type": "long"}],
+            "configuration": {"delta.enableChangeDataFeed": "true"}
+        }),
+    );
+    job(
+        dir,
+        "",
+        "per_user",
+        " OPTIONS ('output_mode' 'complete')",
+        "SELECT user_id, count(*) AS n FROM events GROUP BY user_id",
+    );
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let feed: Vec<Vec<(String, i64, i64)>> = feed_by_version(&dir.join("per_user"), "user_id")
+        .into_values()
+        .collect();
+    let c = |t: &str, u: i64, n: i64| (t.to_string(), u, n);
+    assert_eq!(
+        feed,
+        vec![
+            vec![c("insert", 1, 1), c("insert", 2, 1)],
+            vec![c("update_postimage", 1, 2), c("update_preimage", 1, 1)],
+            vec![c("insert", 3, 1)],
+        ]
+    );
+    let mut rows: Vec<(i64, i64)> = read_py(&dir.join("per_user"))
+        .iter()
+        .map(|r| (r["user_id"].as_i64().unwrap(), r["n"].as_i64().unwrap()))
+        .collect();
+    rows.sort();
+    assert_eq!(rows, vec![(1, 2), (2, 1), (3, 1)]);
 }

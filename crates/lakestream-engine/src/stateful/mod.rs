@@ -129,6 +129,8 @@ pub(crate) struct StatefulAggregate {
     event_times: BTreeMap<String, EventTime>,
     /// The output columns carrying the group keys (update mode).
     keys: Vec<String>,
+    /// The same in complete mode, when the output carries them all.
+    replace_keys: Option<Vec<String>>,
 }
 
 /// The group key whose value says when a group may be evicted.
@@ -458,6 +460,7 @@ impl StatefulAggregate {
             mode,
             event_times,
             keys: Vec::new(),
+            replace_keys: None,
         }))
     }
 
@@ -466,10 +469,17 @@ impl StatefulAggregate {
         self.keys = keys;
     }
 
+    /// Complete-mode output names its rows by these output columns.
+    pub(crate) fn set_replace_keys(&mut self, keys: Option<Vec<String>>) {
+        self.replace_keys = keys;
+    }
+
     /// How the aggregation's output changes the table.
     pub(crate) fn write_mode(&self) -> lakestream_sink::WriteMode {
         match self.mode {
-            OutputMode::Complete => lakestream_sink::WriteMode::ReplaceAll,
+            OutputMode::Complete => lakestream_sink::WriteMode::ReplaceAll {
+                keys: self.replace_keys.clone(),
+            },
             OutputMode::Update => lakestream_sink::WriteMode::Upsert {
                 keys: self.keys.clone(),
             },

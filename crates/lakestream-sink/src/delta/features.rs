@@ -267,7 +267,7 @@ impl TableFeatures {
     pub fn check_write(&self, table: &str, write: &WriteMode) -> Result<()> {
         let mode = match write {
             WriteMode::Append => return Ok(()),
-            WriteMode::ReplaceAll => "complete",
+            WriteMode::ReplaceAll { .. } => "complete",
             WriteMode::Upsert { .. } => "update",
         };
         let refuse = |feature: &str, reason: String| {
@@ -377,7 +377,12 @@ pub(crate) async fn from_log(location: &lakestream_storage::Location) -> Option<
             .collect()
     };
     let mut named = names("writerFeatures");
-    named.extend(names("readerFeatures").into_iter().filter(|r| !named.contains(r)).collect::<Vec<_>>());
+    named.extend(
+        names("readerFeatures")
+            .into_iter()
+            .filter(|r| !named.contains(r))
+            .collect::<Vec<_>>(),
+    );
     let configuration: std::collections::HashMap<String, String> = metadata
         .as_ref()
         .and_then(|m| m["configuration"].as_object())
@@ -391,7 +396,10 @@ pub(crate) async fn from_log(location: &lakestream_storage::Location) -> Option<
         .as_ref()
         .and_then(|m| m["schemaString"].as_str())
         .and_then(|s| serde_json::from_str::<StructType>(s).ok())
-        .unwrap_or_else(|| StructType::try_new(Vec::<buoyant_kernel::schema::StructField>::new()).expect("an empty schema"));
+        .unwrap_or_else(|| {
+            StructType::try_new(Vec::<buoyant_kernel::schema::StructField>::new())
+                .expect("an empty schema")
+        });
     Some(TableFeatures::of(
         version("minReaderVersion")?,
         version("minWriterVersion")?,
@@ -490,7 +498,7 @@ mod tests {
         let on = of(2, &[], &[("delta.appendOnly", "true")]);
         assert!(on.check_write("t", &WriteMode::Append).is_ok());
         let err = on
-            .check_write("t", &WriteMode::ReplaceAll)
+            .check_write("t", &WriteMode::ReplaceAll { keys: None })
             .unwrap_err()
             .to_string();
         assert!(

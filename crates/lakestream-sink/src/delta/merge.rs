@@ -22,12 +22,15 @@ use super::*;
 impl DeltaSink {
     /// Merge the rows of the files in `adds` into `table` by `keys`
     /// (matched rows updated, others inserted) in one commit with `props`.
-    /// Returns the new table version.
+    /// With `replace`, the rows are the whole table: the table's rows they
+    /// lack are deleted, and a matched row is rewritten only when a value
+    /// differs. Returns the new table version.
     pub(super) async fn upsert(
         &self,
         table: &mut DeltaTable,
         adds: &[Action],
         keys: &[String],
+        replace: bool,
         props: CommitProperties,
         batch_id: u64,
     ) -> Result<u64> {
@@ -90,45 +93,80 @@ impl DeltaSink {
                     side("source", k),
                 )
             })
-            .reduce(Expr::and)
-            .ok_or_else(|| Error::InvalidConfig {
-                table: self.name.clone(),
-                reason: "an upsert needs at least one key column".into(),
-            })?;
+            .reduce(Expr::and);
+        let predicate = match (predicate, replace) {
+            (Some(p), _) => p,
+            // A global aggregate's one row replaces the table's one row.
+            (None, true) => datafusion::prelude::lit(true),
+            (None, false) => {
+                return Err(Error::InvalidConfig {
+                    table: self.name.clone(),
+                    reason: "an upsert needs at least one key column".into(),
+                });
+            }
+        };
         // Every changed key lies within its column's range over the batch:
         // with those ranges in the predicate, MERGE skips the table's files
         // whose statistics lie outside them, instead of reading them all.
-        let predicate = key_ranges(&batches, keys)
-            .into_iter()
-            .fold(predicate, |p, range| p.and(range));
+        // A replacement reads every file anyway (rows the batch lacks go).
+        let predicate = if replace {
+            predicate
+        } else {
+            key_ranges(&batches, keys)
+                .into_iter()
+                .fold(predicate, |p, range| p.and(range))
+        };
+        // A replacement rewrites a row only when one of its values changed.
+        let changed = columns
+            .iter()
+            .filter(|c| !keys.contains(c))
+            .map(|c| {
+                datafusion::logical_expr::binary_expr(
+                    side("source", c),
+                    datafusion::logical_expr::Operator::IsDistinctFrom,
+                    side("target", c),
+                )
+            })
+            .reduce(Expr::or);
         let source = SessionContext::new()
             .read_batches(batches)
             .map_err(|e| write_err(Box::new(e)))?;
-        let (merged, _metrics) = table
+        let mut merge = table
             .clone()
             .merge(source, predicate)
             .with_source_alias("source")
             .with_target_alias("target")
-            .with_commit_properties(props)
-            .when_matched_update(|u| {
-                columns
-                    .iter()
-                    .fold(u, |u, c| u.update(c.as_str(), side("source", c)))
-            })
-            .and_then(|m| {
-                m.when_not_matched_insert(|i| {
+            .with_commit_properties(props);
+        if !replace || changed.is_some() {
+            merge = merge
+                .when_matched_update(|u| {
+                    let u = match (&changed, replace) {
+                        (Some(c), true) => u.predicate(c.clone()),
+                        _ => u,
+                    };
                     columns
                         .iter()
-                        .fold(i, |i, c| i.set(c.as_str(), side("source", c)))
+                        .fold(u, |u, c| u.update(c.as_str(), side("source", c)))
                 })
+                .map_err(|e| self.table_err(e))?;
+        }
+        merge = merge
+            .when_not_matched_insert(|i| {
+                columns
+                    .iter()
+                    .fold(i, |i, c| i.set(c.as_str(), side("source", c)))
             })
-            .map_err(|e| self.table_err(e))?
-            .await
-            .map_err(|e| Error::Commit {
-                table: self.name.clone(),
-                batch_id,
-                source: Box::new(e),
-            })?;
+            .map_err(|e| self.table_err(e))?;
+        if replace {
+            merge = merge
+                .when_not_matched_by_source_delete(|d| d)
+                .map_err(|e| self.table_err(e))?;
+        }
+        let (merged, _metrics) = merge.await.map_err(|e| Error::Commit {
+            table: self.name.clone(),
+            batch_id,
+            source: Box::new(e),
+        })?;
         let version = merged.version().unwrap_or_default();
         *table = merged;
         for p in paths {

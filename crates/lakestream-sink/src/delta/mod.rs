@@ -993,11 +993,11 @@ impl Sink for DeltaSink {
         meta.insert("queryId".into(), serde_json::json!(info.query_id));
         let app_metadata: HashMap<String, serde_json::Value> =
             HashMap::from([("lakestream".to_string(), serde_json::Value::Object(meta))]);
-        let replace = info.write == WriteMode::ReplaceAll;
+        let replace = matches!(info.write, WriteMode::ReplaceAll { .. });
         let operation = DeltaOperation::StreamingUpdate {
             output_mode: match info.write {
                 WriteMode::Append => OutputMode::Append,
-                WriteMode::ReplaceAll => OutputMode::Complete,
+                WriteMode::ReplaceAll { .. } => OutputMode::Complete,
                 WriteMode::Upsert { .. } => OutputMode::Update,
             },
             query_id: info.query_id.clone(),
@@ -1121,11 +1121,25 @@ impl Sink for DeltaSink {
             ))
             .with_application_transaction(transaction)
             .with_metadata(app_metadata);
-        if let WriteMode::Upsert { keys } = &info.write
+        // A complete batch into a table with a change data feed is merged
+        // too, so the feed records the groups that changed as updates (and
+        // only those), not every row deleted and inserted again.
+        let change_data_feed = self
+            .contract
+            .lock()
+            .expect("contract lock")
+            .features
+            .change_data_feed;
+        let merge = match &info.write {
+            WriteMode::Upsert { keys } => Some((keys, false)),
+            WriteMode::ReplaceAll { keys: Some(keys) } if change_data_feed => Some((keys, true)),
+            _ => None,
+        };
+        if let Some((keys, replace)) = merge
             && actions.iter().any(|a| matches!(a, Action::Add(_)))
         {
             let merged = self
-                .upsert(table, &actions, keys, props, info.batch_id)
+                .upsert(table, &actions, keys, replace, props, info.batch_id)
                 .await;
             return match merged {
                 Ok(version) => {
