@@ -29,7 +29,6 @@ use async_trait::async_trait;
 use deltalake::DeltaTable;
 use futures::{StreamExt, TryStreamExt, stream};
 use lakestream_storage::Location;
-use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
@@ -458,15 +457,16 @@ impl Inner {
     /// Read one data file as batches of the source's schema, partition
     /// columns filled from the file's partition values.
     async fn read_file(
-        name: String,
-        store: Arc<dyn ObjectStore>,
-        location: Location,
-        schema: SchemaRef,
-        partition_columns: Vec<String>,
+        &self,
         file: DataFile,
-        batch_size: usize,
         engine: Arc<dyn buoyant_kernel::Engine>,
     ) -> Result<BatchStream> {
+        let name = self.name.clone();
+        let store = self.location.store().clone();
+        let location = self.location.clone();
+        let schema = self.schema.clone();
+        let partition_columns = self.partition_columns.clone();
+        let batch_size = self.options.batch_size;
         let path = location.child(&file.path);
         let url = location.url_of(&path);
         let malformed = |reason: String| Error::Malformed {
@@ -763,17 +763,7 @@ impl Source for DeltaSource {
                         let inner = inner.clone();
                         async move {
                             let engine = inner.table.lock().await.log_store().engine(None);
-                            Inner::read_file(
-                                inner.name.clone(),
-                                inner.location.store().clone(),
-                                inner.location.clone(),
-                                inner.schema.clone(),
-                                inner.partition_columns.clone(),
-                                f,
-                                inner.options.batch_size,
-                                engine,
-                            )
-                            .await
+                            inner.read_file(f, engine).await
                         }
                     }))
                 })
