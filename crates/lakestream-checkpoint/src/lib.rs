@@ -266,6 +266,11 @@ pub struct OffsetsEntry {
     pub watermark_ms: Option<i64>,
     /// Range per source name.
     pub sources: BTreeMap<String, SourceRange>,
+    /// The version of each static table (a Delta table joined by the
+    /// query, by name) the batch reads, fixed so a replay joins the same
+    /// rows.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tables: BTreeMap<String, u64>,
 }
 
 impl OffsetsEntry {
@@ -281,6 +286,7 @@ impl OffsetsEntry {
             batch_timestamp_ms,
             watermark_ms: None,
             sources,
+            tables: BTreeMap::new(),
         }
     }
 }

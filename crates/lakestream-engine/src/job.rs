@@ -171,7 +171,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
                 builder = builder.dead_letters(&t.name, Arc::new(sink));
             }
         } else {
-            register_static(&job, t, builder.context(), &options.storage_options).await?;
+            builder = register_static(&job, t, builder, &options.storage_options).await?;
         }
     }
     let mut first = None;
@@ -335,66 +335,68 @@ fn storage_setting(stmt: &str) -> Option<(String, String)> {
 async fn register_static(
     job: &Job,
     t: &TableDecl,
-    ctx: &datafusion::prelude::SessionContext,
+    builder: QueryBuilder,
     storage: &HashMap<String, String>,
-) -> Result<()> {
+) -> Result<QueryBuilder> {
     let err = |msg: String| -> Error { job.error(t.pos, msg).into() };
-    let provider: Arc<dyn datafusion::datasource::TableProvider> = match t.format.as_str() {
-        "DELTA" => {
-            let loc =
-                lakestream_storage::Location::parse(&t.location, &table_store_options(t, storage))?;
-            let table = lakestream_sink::delta::load_table(&loc)
-                .await
-                .map_err(|e| err(format!("cannot open Delta table {}: {e}", t.location)))?
-                .ok_or_else(|| err(format!("{} is not a Delta table", t.location)))?;
-            table
-                .update_datafusion_session(&ctx.state())
-                .map_err(|e| err(e.to_string()))?;
-            table
-                .table_provider()
-                .await
-                .map_err(|e| err(e.strip_backtrace()))?
-        }
-        _ => {
-            // DataFusion reads the files through the same store the rest of
-            // the job uses (credentials, endpoint, retries).
-            let loc =
-                lakestream_storage::Location::parse(&t.location, &table_store_options(t, storage))?;
-            if loc.local_dir().is_none() {
-                ctx.register_object_store(loc.url(), loc.store().clone());
-            }
-            let plan = ctx
-                .state()
-                .statement_to_plan(t.statement.clone())
-                .await
-                .map_err(|e| err(e.strip_backtrace()))?;
-            ctx.execute_logical_plan(plan)
-                .await
-                .map_err(|e| err(e.strip_backtrace()))?;
-            // Load once: a static table is read as of job start, so every
-            // batch (and every replay of a batch) joins the same rows.
-            let df = ctx
-                .table(t.name.as_str())
-                .await
-                .map_err(|e| err(e.strip_backtrace()))?;
-            let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-            let batches = df.collect().await.map_err(|e| {
+    if t.format == "DELTA" {
+        // Read at each batch's recorded version (or the pinned one).
+        let pinned = match t.options.get("version") {
+            Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
                 err(format!(
-                    "cannot read {}: {}",
-                    t.location,
-                    e.strip_backtrace()
+                    "option version of {}: {v:?} is not a table version (a whole number)",
+                    t.name
                 ))
-            })?;
-            ctx.deregister_table(t.name.as_str())
-                .map_err(|e| err(e.strip_backtrace()))?;
-            Arc::new(
-                MemTable::try_new(schema, vec![batches]).map_err(|e| err(e.strip_backtrace()))?,
-            )
-        }
-    };
+            })?),
+            None => None,
+        };
+        let table = crate::StaticDeltaTable::open(
+            &t.name,
+            &t.location,
+            &table_store_options(t, storage),
+            pinned,
+            builder.context(),
+        )
+        .await
+        .map_err(|e| err(e.to_string()))?;
+        return builder.static_delta_table(table);
+    }
+    let ctx = builder.context();
+    // DataFusion reads the files through the same store the rest of
+    // the job uses (credentials, endpoint, retries).
+    let loc = lakestream_storage::Location::parse(&t.location, &table_store_options(t, storage))?;
+    if loc.local_dir().is_none() {
+        ctx.register_object_store(loc.url(), loc.store().clone());
+    }
+    let plan = ctx
+        .state()
+        .statement_to_plan(t.statement.clone())
+        .await
+        .map_err(|e| err(e.strip_backtrace()))?;
+    ctx.execute_logical_plan(plan)
+        .await
+        .map_err(|e| err(e.strip_backtrace()))?;
+    // Load once: a static table is read as of job start, so every
+    // batch (and every replay of a batch) joins the same rows.
+    let df = ctx
+        .table(t.name.as_str())
+        .await
+        .map_err(|e| err(e.strip_backtrace()))?;
+    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await.map_err(|e| {
+        err(format!(
+            "cannot read {}: {}",
+            t.location,
+            e.strip_backtrace()
+        ))
+    })?;
+    ctx.deregister_table(t.name.as_str())
+        .map_err(|e| err(e.strip_backtrace()))?;
+    let provider: Arc<dyn datafusion::datasource::TableProvider> =
+        Arc::new(MemTable::try_new(schema, vec![batches]).map_err(|e| err(e.strip_backtrace()))?);
     ctx.register_table(t.name.as_str(), provider)
         .map_err(|e| Error::Plan(Box::new(e)))?;
-    Ok(())
+    Ok(builder)
 }
 
 #[cfg(test)]

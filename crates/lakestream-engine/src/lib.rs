@@ -23,6 +23,7 @@ mod progress;
 mod provider;
 mod query;
 mod stateful;
+pub mod static_delta;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +38,7 @@ pub use query::{
     QueryBuilder, QueryHandle, QuerySummary, StopHandle,
 };
 pub use stateful::{EventTime, OutputMode, StateProgress};
+pub use static_delta::StaticDeltaTable;
 
 pub use lakestream_checkpoint as checkpoint;
 pub use lakestream_sink as sink;

@@ -88,6 +88,8 @@ pub struct QueryBuilder {
     outputs: Vec<Output>,
     /// Dead-letter sinks by source name.
     dead_letters: Vec<(String, Arc<dyn Sink>)>,
+    /// Static Delta tables, whose version each batch records.
+    static_tables: Vec<Arc<crate::StaticDeltaTable>>,
 }
 
 /// A further output of a query ([`QueryBuilder::output`]): its own query
@@ -202,6 +204,7 @@ impl QueryBuilder {
             metrics: None,
             outputs: Vec::new(),
             dead_letters: Vec::new(),
+            static_tables: Vec::new(),
         }
     }
 
@@ -254,6 +257,17 @@ impl QueryBuilder {
             .register_table(source.name(), table.clone())
             .map_err(|e| Error::Plan(Box::new(e)))?;
         self.tables.push(table);
+        Ok(self)
+    }
+
+    /// Add a static Delta table under its name: each batch reads the
+    /// version it was planned with (the latest then, or the pinned one),
+    /// recorded in the batch's write-ahead so a replay joins the same rows.
+    pub fn static_delta_table(mut self, table: Arc<crate::StaticDeltaTable>) -> Result<Self> {
+        self.ctx
+            .register_table(table.name(), table.clone())
+            .map_err(|e| Error::Plan(Box::new(e)))?;
+        self.static_tables.push(table);
         Ok(self)
     }
 
@@ -669,6 +683,7 @@ impl QueryBuilder {
             fail_point: self.fail_point,
             stateful,
             metrics: self.metrics,
+            static_tables: self.static_tables,
             run: RunInfo {
                 run_id: uuid::Uuid::new_v4().to_string(),
                 name,

@@ -21,3 +21,4 @@ mod quickstart;
 mod s3;
 mod shards;
 mod signals;
+mod static_tables;

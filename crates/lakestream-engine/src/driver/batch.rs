@@ -534,6 +534,13 @@ impl Driver {
         if let Some(w) = entry.watermark_ms {
             meta.insert("watermarkMs".into(), w.into());
         }
+        if !entry.tables.is_empty() {
+            // Lineage: which version of each static table was joined.
+            meta.insert(
+                "staticTables".into(),
+                serde_json::to_value(&entry.tables).expect("serializable"),
+            );
+        }
         Ok((meta, rejected))
     }
 
@@ -550,6 +557,12 @@ impl Driver {
         let exec_err = move |e| batch_error(batch_id, e);
         let mut state = self.ctx.state();
         state.config_mut().set_extension(scans.clone());
+        // Static Delta tables read the versions the write-ahead fixed.
+        state
+            .config_mut()
+            .set_extension(Arc::new(crate::static_delta::TableVersions(
+                entry.tables.clone(),
+            )));
         // `now()` and friends see the batch's logged timestamp, so a replay
         // computes what the first attempt computed.
         state.execution_props_mut().query_execution_start_time =

@@ -48,6 +48,8 @@ pub(crate) struct Driver {
     pub(crate) run: RunInfo,
     /// Where batches are reported as Prometheus series, if anywhere.
     pub(crate) metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Static Delta tables: each batch records the version it reads.
+    pub(crate) static_tables: Vec<Arc<crate::StaticDeltaTable>>,
 }
 
 /// What an output writes.
@@ -325,6 +327,11 @@ impl Driver {
             }
             let mut entry = OffsetsEntry::new(next_id, now_ms(), sources);
             entry.watermark_ms = next_watermark;
+            for t in &self.static_tables {
+                entry
+                    .tables
+                    .insert(t.name().to_string(), t.version_for_batch().await?);
+            }
             let t_wa = Instant::now();
             self.ckpt.write_offsets(&entry).await?;
             let wa_time = t_wa.elapsed();
