@@ -18,6 +18,16 @@
 //! commit that changes the table's schema stops the query with the version
 //! named. A file with a deletion vector is read without the rows its
 //! vector deletes. Tables with column mapping are refused.
+//!
+//! With `read_change_feed` the source streams the table's change data feed
+//! instead, as Spark's `readChangeFeed` does: every row with
+//! `_change_type` (`insert`, `delete`, `update_preimage`,
+//! `update_postimage`), `_commit_version` and `_commit_timestamp`. The
+//! starting snapshot's rows are inserts at its version. A commit with
+//! change-data files (`cdc` actions) is read from them alone; a commit
+//! without them is read as the protocol says: its added files' rows are
+//! inserts and its removed files' rows deletes. The units and offsets are
+//! the same as for appends, with a commit's change files as its files.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -50,6 +60,8 @@ pub struct DeltaSourceOptions {
     pub max_bytes_per_trigger: Option<u64>,
     /// Pass over commits that remove or change data instead of failing.
     pub skip_change_commits: bool,
+    /// Stream the table's change data feed (see the module docs).
+    pub read_change_feed: bool,
     /// Rows per record batch read.
     pub batch_size: usize,
     /// Storage options for the table's location.
@@ -64,6 +76,7 @@ impl Default for DeltaSourceOptions {
             max_files_per_trigger: 1000,
             max_bytes_per_trigger: None,
             skip_change_commits: false,
+            read_change_feed: false,
             batch_size: 8192,
             storage_options: HashMap::new(),
         }
@@ -92,6 +105,33 @@ struct DataFile {
     partition_values: BTreeMap<String, Option<String>>,
     /// The rows of the file deleted since it was written, when it has them.
     deletion_vector: Option<deltalake::kernel::DeletionVectorDescriptor>,
+    /// In a change-feed source: what the file's rows are.
+    change: Option<Change>,
+}
+
+/// The change-feed columns of one file's rows.
+#[derive(Debug, Clone)]
+struct Change {
+    /// `insert` or `delete` for a data file; `None` for a change-data file,
+    /// whose rows carry their own `_change_type`.
+    kind: Option<&'static str>,
+    /// The commit's version.
+    version: u64,
+    /// The commit's time (its in-commit timestamp, else its commitInfo's),
+    /// ms since the epoch.
+    timestamp_ms: i64,
+}
+
+/// The columns a change-feed source adds to the table's.
+const CHANGE_COLUMNS: [&str; 3] = ["_change_type", "_commit_version", "_commit_timestamp"];
+
+/// The time of a commit from its actions: the in-commit timestamp, else
+/// the commitInfo's timestamp.
+fn commit_time(actions: &[serde_json::Value]) -> Option<i64> {
+    let info = actions.iter().find_map(|a| a.get("commitInfo"))?;
+    info["inCommitTimestamp"]
+        .as_i64()
+        .or_else(|| info["timestamp"].as_i64())
 }
 
 /// The files of one unit (a snapshot or a commit).
@@ -104,7 +144,11 @@ struct Inner {
     name: String,
     location: Location,
     options: DeltaSourceOptions,
+    /// What the source produces: the table's columns (and the change-feed
+    /// columns with `read_change_feed`).
     schema: SchemaRef,
+    /// The table's own columns.
+    table_schema: SchemaRef,
     partition_columns: Vec<String>,
     /// The version the snapshot was taken at when the query first ran
     /// (what `initial_offset` resolves), for a start without an offset.
@@ -161,13 +205,61 @@ impl DeltaSource {
             .snapshot()
             .map_err(|e| delta_err(name, &location, "cannot read the table's state", e))?;
         check_readable(name, &location, snapshot.protocol(), snapshot.metadata())?;
-        let schema = snapshot.snapshot().arrow_schema();
+        let table_schema = snapshot.snapshot().arrow_schema();
+        let schema = if options.read_change_feed {
+            let cdf = snapshot
+                .metadata()
+                .configuration()
+                .get("delta.enableChangeDataFeed")
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+            if !cdf {
+                return Err(Error::Delta {
+                    source_name: name.to_string(),
+                    table: location.url().to_string(),
+                    reason: "read_change_feed reads the table's change data feed, which it \
+                             does not record: enable it on the table (table property \
+                             delta.enableChangeDataFeed = true) and read the changes made after"
+                        .into(),
+                });
+            }
+            if let Some(c) = CHANGE_COLUMNS
+                .iter()
+                .find(|c| table_schema.index_of(c).is_ok())
+            {
+                return Err(Error::Delta {
+                    source_name: name.to_string(),
+                    table: location.url().to_string(),
+                    reason: format!(
+                        "the table has a column {c}, a name the change data feed adds; \
+                         rename it to read the feed"
+                    ),
+                });
+            }
+            let mut fields: Vec<arrow::datatypes::FieldRef> =
+                table_schema.fields().iter().cloned().collect();
+            use arrow::datatypes::{DataType, Field, TimeUnit};
+            fields.push(Arc::new(Field::new("_change_type", DataType::Utf8, false)));
+            fields.push(Arc::new(Field::new(
+                "_commit_version",
+                DataType::Int64,
+                false,
+            )));
+            fields.push(Arc::new(Field::new(
+                "_commit_timestamp",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                false,
+            )));
+            Arc::new(arrow::datatypes::Schema::new(fields))
+        } else {
+            table_schema.clone()
+        };
         let partition_columns = snapshot.metadata().partition_columns().to_vec();
         Ok(Self(Arc::new(Inner {
             name: name.to_string(),
             location,
             options,
             schema,
+            table_schema,
             partition_columns,
             table: tokio::sync::Mutex::new(table),
             cache: Mutex::new(BTreeMap::new()),
@@ -283,13 +375,31 @@ impl Inner {
                 size: u64::try_from(f.size()).unwrap_or(0),
                 partition_values: f.partition_values_map().into_iter().collect(),
                 deletion_vector: f.deletion_vector_descriptor(),
+                change: None,
             })
             .collect();
         files.sort_by(|a, b| a.path.cmp(&b.path));
+        if self.options.read_change_feed {
+            // The snapshot's rows are inserts at its version.
+            let actions = self.commit_actions(version).await?;
+            let timestamp_ms = commit_time(&actions).ok_or_else(|| Error::Delta {
+                source_name: self.name.clone(),
+                table: self.location.url().to_string(),
+                reason: format!("commit {version} has no timestamp in its commitInfo"),
+            })?;
+            for f in &mut files {
+                f.change = Some(Change {
+                    kind: Some("insert"),
+                    version,
+                    timestamp_ms,
+                });
+            }
+        }
         Ok(files)
     }
 
-    async fn commit_files(&self, version: u64) -> Result<Vec<DataFile>> {
+    /// The actions of commit `version`, in log order.
+    async fn commit_actions(&self, version: u64) -> Result<Vec<serde_json::Value>> {
         let store = self.table.lock().await.log_store();
         let bytes = store
             .read_commit_entry(version)
@@ -304,43 +414,64 @@ impl Inner {
                      past it"
                 ),
             })?;
+        bytes
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|line| {
+                serde_json::from_slice(line)
+                    .map_err(|e| self.err(&format!("commit {version} is not valid JSON"), e))
+            })
+            .collect()
+    }
+
+    /// The file an `add`, `remove` or `cdc` action of commit `version`
+    /// names.
+    fn action_file(&self, version: u64, a: &serde_json::Value) -> Result<DataFile> {
+        let partition_values = a["partitionValues"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let deletion_vector = match a.get("deletionVector") {
+            Some(dv) if !dv.is_null() => Some(serde_json::from_value(dv.clone()).map_err(|e| {
+                self.err(
+                    &format!("commit {version} has a malformed deletion vector"),
+                    e,
+                )
+            })?),
+            _ => None,
+        };
+        Ok(DataFile {
+            path: decode(a["path"].as_str().unwrap_or_default()),
+            // Unknown (0) for a remove without extended metadata: the
+            // reader asks the store.
+            size: a["size"].as_u64().unwrap_or(0),
+            partition_values,
+            deletion_vector,
+            change: None,
+        })
+    }
+
+    async fn commit_files(&self, version: u64) -> Result<Vec<DataFile>> {
+        let actions = self.commit_actions(version).await?;
+        let data_change = |a: &serde_json::Value| a["dataChange"].as_bool().unwrap_or(true);
         let mut adds = Vec::new();
-        let mut changes = false;
-        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let action: serde_json::Value = serde_json::from_slice(line)
-                .map_err(|e| self.err(&format!("commit {version} is not valid JSON"), e))?;
+        let mut removes = Vec::new();
+        let mut cdc = Vec::new();
+        for action in &actions {
             if let Some(a) = action.get("add") {
-                if a["dataChange"].as_bool().unwrap_or(true) {
-                    let partition_values = a["partitionValues"]
-                        .as_object()
-                        .map(|m| {
-                            m.iter()
-                                .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    let deletion_vector = match a.get("deletionVector") {
-                        Some(dv) if !dv.is_null() => {
-                            Some(serde_json::from_value(dv.clone()).map_err(|e| {
-                                self.err(
-                                    &format!("commit {version} has a malformed deletion vector"),
-                                    e,
-                                )
-                            })?)
-                        }
-                        _ => None,
-                    };
-                    adds.push(DataFile {
-                        path: decode(a["path"].as_str().unwrap_or_default()),
-                        size: a["size"].as_u64().unwrap_or(0),
-                        partition_values,
-                        deletion_vector,
-                    });
+                if data_change(a) {
+                    adds.push(self.action_file(version, a)?);
                 }
             } else if let Some(r) = action.get("remove") {
-                if r["dataChange"].as_bool().unwrap_or(true) {
-                    changes = true;
+                if data_change(r) {
+                    removes.push(self.action_file(version, r)?);
                 }
+            } else if let Some(c) = action.get("cdc") {
+                cdc.push(self.action_file(version, c)?);
             } else if let Some(m) = action.get("metaData") {
                 let schema_string = m["schemaString"].as_str().unwrap_or_default();
                 if !self.same_schema(schema_string) {
@@ -359,7 +490,10 @@ impl Inner {
                 // caught by the reads of its files.
             }
         }
-        if changes {
+        if self.options.read_change_feed {
+            return self.change_files(version, &actions, adds, removes, cdc);
+        }
+        if !removes.is_empty() {
             if self.options.skip_change_commits {
                 tracing::info!(source = %self.name, version, "skipping a commit that removes data (skip_change_commits)");
                 return Ok(Vec::new());
@@ -371,11 +505,74 @@ impl Inner {
                     "commit {version} removes or rewrites data (DELETE, UPDATE, MERGE or an \
                      overwrite), which a stream of appended rows cannot follow; set OPTIONS \
                      ('skip_change_commits' 'true') to pass over such commits (their changes \
-                     are then not read)"
+                     are then not read), or read its changes with ('read_change_feed' 'true')"
                 ),
             });
         }
         Ok(adds)
+    }
+
+    /// A commit's files as the change data feed reads them: its change-data
+    /// files when it has them, else its added files as inserts and its
+    /// removed files as deletes (the protocol's rule).
+    fn change_files(
+        &self,
+        version: u64,
+        actions: &[serde_json::Value],
+        adds: Vec<DataFile>,
+        removes: Vec<DataFile>,
+        cdc: Vec<DataFile>,
+    ) -> Result<Vec<DataFile>> {
+        if adds.is_empty() && removes.is_empty() && cdc.is_empty() {
+            return Ok(Vec::new());
+        }
+        let timestamp_ms = commit_time(actions).ok_or_else(|| Error::Delta {
+            source_name: self.name.clone(),
+            table: self.location.url().to_string(),
+            reason: format!("commit {version} has no timestamp in its commitInfo"),
+        })?;
+        let change = |kind| Change {
+            kind,
+            version,
+            timestamp_ms,
+        };
+        if !cdc.is_empty() {
+            return Ok(cdc
+                .into_iter()
+                .map(|mut f| {
+                    f.change = Some(change(None));
+                    f
+                })
+                .collect());
+        }
+        // A file both removed and added again changes only its deletion
+        // vector: the rows deleted are the difference of the two vectors,
+        // which this source does not compute.
+        if let Some(f) = adds
+            .iter()
+            .find(|a| removes.iter().any(|r| r.path == a.path))
+        {
+            return Err(Error::Delta {
+                source_name: self.name.clone(),
+                table: self.location.url().to_string(),
+                reason: format!(
+                    "commit {version} deletes rows of {} through a deletion vector without \
+                     writing change data, which read_change_feed cannot read yet; start a new \
+                     query with 'starting_version' past it, or disable deletion vectors on the \
+                     table (delta.enableDeletionVectors = false) for the writes it follows",
+                    f.path
+                ),
+            });
+        }
+        let inserts = adds.into_iter().map(|mut f| {
+            f.change = Some(change(Some("insert")));
+            f
+        });
+        let deletes = removes.into_iter().map(|mut f| {
+            f.change = Some(change(Some("delete")));
+            f
+        });
+        Ok(inserts.chain(deletes).collect())
     }
 
     /// Whether a `metaData.schemaString` describes the schema this source
@@ -395,10 +592,10 @@ impl Inner {
                 )
             })
             .collect();
-        fields.len() == self.schema.fields().len()
+        fields.len() == self.table_schema.fields().len()
             && fields
                 .iter()
-                .zip(self.schema.fields())
+                .zip(self.table_schema.fields())
                 .all(|((n, _), f)| n == f.name())
     }
 
@@ -495,8 +692,19 @@ impl Inner {
             }
         });
         let mut row = 0u64;
+        let size = match file.size {
+            // A remove action without its size: ask the store.
+            0 => {
+                object_store::ObjectStoreExt::head(&store, &path)
+                    .await
+                    .map_err(|e| malformed(format!("cannot read the file: {e}")))?
+                    .size
+            }
+            n => n,
+        };
+        let change = file.change.clone();
         let (file_schema, stream) =
-            crate::files::decode::open_parquet(store, path, file.size, batch_size)
+            crate::files::decode::open_parquet(store, path, size, batch_size)
                 .await
                 .map_err(malformed)?;
         let parts: Vec<(usize, Option<String>)> = schema
@@ -521,6 +729,40 @@ impl Inner {
                 };
                 let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
                 for (i, field) in schema.fields().iter().enumerate() {
+                    if let Some(c) = &change {
+                        let n = b.num_rows();
+                        match field.name().as_str() {
+                            "_change_type" if c.kind.is_some() => {
+                                cols.push(Arc::new(StringArray::from(vec![
+                                    c.kind
+                                        .unwrap_or_default(
+                                        );
+                                    n
+                                ])));
+                                continue;
+                            }
+                            "_commit_version" => {
+                                cols.push(Arc::new(arrow::array::Int64Array::from(vec![
+                                    c.version
+                                        as i64;
+                                    n
+                                ])));
+                                continue;
+                            }
+                            "_commit_timestamp" => {
+                                cols.push(Arc::new(
+                                    arrow::array::TimestampMicrosecondArray::from(vec![
+                                        c.timestamp_ms
+                                            * 1000;
+                                        n
+                                    ])
+                                    .with_timezone("UTC"),
+                                ));
+                                continue;
+                            }
+                            _ => {}
+                        }
+                    }
                     if let Some((_, v)) = parts.iter().find(|(p, _)| *p == i) {
                         cols.push(match v {
                             None => new_null_array(field.data_type(), b.num_rows()),

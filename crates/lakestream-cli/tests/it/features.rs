@@ -996,3 +996,163 @@ fn complete_mode_writes_only_the_groups_that_changed_to_the_change_data_feed() {
     rows.sort();
     assert_eq!(rows, vec![(1, 2), (2, 1), (3, 1)]);
 }
+
+/// (change type, commit version, user, n) of change-feed rows, sorted.
+fn changes(rows: &[Value]) -> Vec<(String, i64, i64, i64)> {
+    let mut v: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["_change_type"].as_str().unwrap().to_string(),
+                r["_commit_version"].as_i64().unwrap(),
+                r["user_id"].as_i64().unwrap(),
+                r["n"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A per-user count table with a change data feed, written by an
+/// update-mode job over `files` event files (checkpoint `ckpt_counts`).
+fn counts_with_feed(dir: &Path, files: usize) {
+    events(dir, files);
+    make_table_py(
+        &dir.join("per_user"),
+        &json!({
+            "columns": [{"name": "user_id", "type": "long"}, {"name": "n", "type": "long"}],
+            "configuration": {"delta.enableChangeDataFeed": "true"}
+        }),
+    );
+    job(
+        dir,
+        "",
+        "per_user",
+        " OPTIONS ('output_mode' 'update')",
+        "SELECT user_id, count(*) AS n FROM events GROUP BY user_id",
+    );
+    std::fs::rename(dir.join("job.sql"), dir.join("counts.sql")).unwrap();
+    let o = run_available_now(dir, "counts.sql", "ckpt_counts", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// The job reading `per_user`'s change feed (with `options`) into `feed`.
+fn feed_job(dir: &Path, options: &str) {
+    std::fs::write(
+        dir.join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE changes STORED AS DELTA LOCATION 'per_user'\n\
+             OPTIONS ('read_change_feed' 'true', 'max_files_per_trigger' '1'{options});\n\
+             CREATE EXTERNAL TABLE feed STORED AS DELTA LOCATION 'feed';\n\
+             INSERT INTO feed SELECT * FROM changes;\n"
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_change_feed_streams_into_a_table_exactly_once_under_kill_9() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    counts_with_feed(dir, 8);
+    feed_job(dir, ", 'starting_version' '0'");
+    let kills = kill_run_job(dir, 5, 2);
+    let ours = read_py(&dir.join("feed"));
+    let python = cdf_py(&dir.join("per_user"));
+    // Every change once: 7 inserts, then 7 pre- and post-images a batch.
+    assert_eq!(ours.len(), 7 + 7 * 2 * 7, "after {kills} kills");
+    assert_eq!(changes(&ours), changes(&python), "after {kills} kills");
+    // Each version's commit time, as Python reads it.
+    let times = |rows: &[Value]| {
+        rows.iter()
+            .map(|r| {
+                (
+                    r["_commit_version"].as_i64().unwrap(),
+                    // A UTC timestamp here; Python's reader drops the zone.
+                    r["_commit_timestamp"]
+                        .as_str()
+                        .unwrap()
+                        .trim_end_matches("+00:00")
+                        .to_string(),
+                )
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(times(&ours), times(&python));
+}
+
+#[test]
+fn the_change_feed_starts_with_the_snapshot_as_inserts_and_needs_the_feed_enabled() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    counts_with_feed(dir, 2);
+    let snapshot = meta_py(&dir.join("per_user"))["version"].as_i64().unwrap();
+    feed_job(dir, "");
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    // Two more files through the counting job: updates of every user.
+    write_events(&dir.join("in"), 2, 2, 20);
+    let o = run_available_now(dir, "counts.sql", "ckpt_counts", &[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let per_file = |u: i64| if u == 6 { 2 } else { 3 };
+    let mut expected = Vec::new();
+    for u in 0..7 {
+        expected.push(("insert".to_string(), snapshot, u, 2 * per_file(u)));
+        for k in 1..=2 {
+            let v = snapshot + k;
+            let n = (2 + k) * per_file(u);
+            expected.push(("update_preimage".to_string(), v, u, n - per_file(u)));
+            expected.push(("update_postimage".to_string(), v, u, n));
+        }
+    }
+    expected.sort();
+    assert_eq!(changes(&read_py(&dir.join("feed"))), expected);
+
+    // Another writer overwrites the table: a commit of adds and removes
+    // (without change files, read by the protocol's rule), read as Python
+    // reads it.
+    let o = std::process::Command::new(python())
+        .arg("-c")
+        .arg(
+            "import sys, pyarrow as pa\nfrom deltalake import write_deltalake\n\
+             write_deltalake(sys.argv[1], pa.table({'user_id': pa.array([1, 9], pa.int64()), \
+             'n': pa.array([5, 5], pa.int64())}), mode='overwrite')",
+        )
+        .arg(dir.join("per_user"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let last = snapshot + 3;
+    let of = |rows: Vec<Value>| -> Vec<_> {
+        changes(&rows).into_iter().filter(|c| c.1 == last).collect()
+    };
+    let overwrite = of(read_py(&dir.join("feed")));
+    assert_eq!(overwrite, of(cdf_py(&dir.join("per_user"))));
+    assert_eq!(overwrite.len(), 7 + 2, "{overwrite:?}");
+
+    // A table that does not record its feed is refused, saying how.
+    make_table_py(
+        &dir.join("plain"),
+        &spec(json!({"rows": [{"event_id": "a", "amount": 1.0}]})),
+    );
+    std::fs::write(
+        dir.join("plain.sql"),
+        "CREATE UNBOUNDED EXTERNAL TABLE changes STORED AS DELTA LOCATION 'plain'\n\
+         OPTIONS ('read_change_feed' 'true');\n\
+         CREATE EXTERNAL TABLE feed STORED AS DELTA LOCATION 'feed2';\n\
+         INSERT INTO feed SELECT * FROM changes;\n",
+    )
+    .unwrap();
+    let o = run_available_now(dir, "plain.sql", "ckpt_plain", &[], &[]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("delta.enableChangeDataFeed = true"),
+        "{}",
+        text(&o)
+    );
+}

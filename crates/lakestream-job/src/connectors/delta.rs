@@ -76,8 +76,9 @@ impl SinkConnector for DeltaConnector {
 /// `UNBOUNDED` tables `STORED AS DELTA`: `starting_version`,
 /// `starting_timestamp`,
 /// `max_files_per_trigger`, `max_bytes_per_trigger`,
-/// `skip_change_commits`, `batch_size`. The schema is the table's: a
-/// declared column list must name the table's columns.
+/// `skip_change_commits`, `read_change_feed`, `batch_size`. The schema is
+/// the table's (with the change-feed columns when reading the feed): a
+/// declared column list must name those columns.
 #[derive(Debug, Default)]
 pub struct DeltaSourceConnector;
 
@@ -90,6 +91,7 @@ impl super::SourceConnector for DeltaSourceConnector {
             "max_files_per_trigger",
             "max_bytes_per_trigger",
             "skip_change_commits",
+            "read_change_feed",
             "batch_size",
         ]
     }
@@ -115,6 +117,16 @@ impl super::SourceConnector for DeltaSourceConnector {
         o.max_bytes_per_trigger = ctx.number("max_bytes_per_trigger")?;
         if let Some(b) = ctx.boolean("skip_change_commits")? {
             o.skip_change_commits = b;
+        }
+        if let Some(b) = ctx.boolean("read_change_feed")? {
+            o.read_change_feed = b;
+        }
+        if o.read_change_feed && o.skip_change_commits {
+            return Err(ctx.error(format!(
+                "table {}: read_change_feed reads the changes skip_change_commits would pass \
+                 over; give one of them",
+                t.name
+            )));
         }
         if let Some(n) = ctx.count("batch_size")? {
             o.batch_size = n.max(1);
