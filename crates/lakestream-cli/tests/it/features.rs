@@ -903,21 +903,7 @@ fn feed_by_version(
 fn update_mode_writes_the_change_data_feed_once_per_batch_under_kill_9() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    events(dir, 12);
-    make_table_py(
-        &dir.join("per_user"),
-        &json!({
-            "columns": [{"name": "user_id", "type": "long"}, {"name": "n", "type": "long"}],
-            "configuration": {"delta.enableChangeDataFeed": "true"}
-        }),
-    );
-    job(
-        dir,
-        "",
-        "per_user",
-        " OPTIONS ('output_mode' 'update')",
-        "SELECT user_id, count(*) AS n FROM events GROUP BY user_id",
-    );
+    counts_job(dir, 12);
     let kills = kill_run_job(dir, 5, 2);
     // Each file has three events of users 0..=5 and two of user 6.
     let per_file = |u: i64| if u == 6 { 2 } else { 3 };
@@ -1014,9 +1000,9 @@ fn changes(rows: &[Value]) -> Vec<(String, i64, i64, i64)> {
     v
 }
 
-/// A per-user count table with a change data feed, written by an
-/// update-mode job over `files` event files (checkpoint `ckpt_counts`).
-fn counts_with_feed(dir: &Path, files: usize) {
+/// `files` event files and `job.sql`: an update-mode count per user into
+/// `per_user`, a table made with its change data feed enabled.
+fn counts_job(dir: &Path, files: usize) {
     events(dir, files);
     make_table_py(
         &dir.join("per_user"),
@@ -1032,6 +1018,12 @@ fn counts_with_feed(dir: &Path, files: usize) {
         " OPTIONS ('output_mode' 'update')",
         "SELECT user_id, count(*) AS n FROM events GROUP BY user_id",
     );
+}
+
+/// [`counts_job`] as `counts.sql`, run over its files (checkpoint
+/// `ckpt_counts`).
+fn counts_with_feed(dir: &Path, files: usize) {
+    counts_job(dir, files);
     std::fs::rename(dir.join("job.sql"), dir.join("counts.sql")).unwrap();
     let o = run_available_now(dir, "counts.sql", "ckpt_counts", &[], &[]);
     assert!(o.status.success(), "{}", text(&o));
