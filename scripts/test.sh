@@ -7,12 +7,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# A real browser for the status-page test: Debian's Chromium.
-if ! command -v chromium >/dev/null 2>&1; then
+# Debian packages the tests need, installed when missing: a real browser
+# for the status-page test (Chromium); stunnel, the TLS endpoint the Kafka
+# TLS tests put in front of the broker, and openssl, which makes their
+# certificates; OpenSSL's headers and pkg-config, which the build of
+# librdkafka with TLS needs.
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v stunnel >/dev/null 2>&1 || need+=(stunnel4)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+{ command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; } || need+=(libssl-dev)
+if [ "${#need[@]}" -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 export LAKESTREAM_CHROMIUM="${LAKESTREAM_CHROMIUM:-$(command -v chromium)}"
 

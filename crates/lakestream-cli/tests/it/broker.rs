@@ -36,44 +36,196 @@ fn tansu() -> PathBuf {
 /// A broker process, killed on drop.
 pub(crate) struct Broker {
     child: Child,
+    /// The port clients connect to (the TLS proxy's, with TLS).
     port: u16,
     rt: tokio::runtime::Runtime,
+    /// The TLS endpoint in front of the broker, when it has one.
+    tls: Option<Tls>,
+}
+
+/// A TLS endpoint (stunnel) in front of a broker, with the test CA that
+/// signed its certificate for 127.0.0.1.
+struct Tls {
+    proxy: Child,
+    /// Holds the certificates and keys.
+    dir: tempfile::TempDir,
+}
+
+impl Tls {
+    /// The CA certificate that signed the endpoint's certificate.
+    fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Wait until something listens on `port`.
+fn wait_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not open port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `openssl ARGS` in `dir`, checked to succeed.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let o = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run openssl (Debian package openssl; ./scripts/test.sh installs it)");
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A new CA in `dir` (`<name>.pem`, `<name>.key`).
+pub(crate) fn make_ca(dir: &std::path::Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=lakestream test CA",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.pem"),
+        ],
+    );
 }
 
 impl Broker {
     /// Start a broker with in-memory storage on a free loopback port.
     pub(crate) fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let url = format!("tcp://127.0.0.1:{port}");
+        let port = free_port();
+        Self::spawn(port, port, &[], None)
+    }
+
+    /// Start a broker that requires SASL authentication of every client
+    /// (tansu's `--authentication`).
+    pub(crate) fn start_authenticated() -> Self {
+        let port = free_port();
+        Self::spawn(port, port, &["--authentication"], None)
+    }
+
+    /// Start a broker reached through TLS only: stunnel (Debian's
+    /// `stunnel4`) accepts TLS on the advertised port with a certificate
+    /// for 127.0.0.1 signed by a CA made here, and forwards to the broker.
+    pub(crate) fn start_tls() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        make_ca(dir.path(), "ca");
+        openssl(
+            dir.path(),
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+            ],
+        );
+        std::fs::write(dir.path().join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+        openssl(
+            dir.path(),
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "ext.cnf",
+                "-out",
+                "server.pem",
+            ],
+        );
+        let (plain, tls) = (free_port(), free_port());
+        let conf = dir.path().join("stunnel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "foreground = yes\npid =\n[kafka]\naccept = 127.0.0.1:{tls}\n\
+                 connect = 127.0.0.1:{plain}\ncert = {}\nkey = {}\n",
+                dir.path().join("server.pem").display(),
+                dir.path().join("server.key").display()
+            ),
+        )
+        .unwrap();
+        let stunnel = std::env::var("LAKESTREAM_STUNNEL").unwrap_or_else(|_| "stunnel".into());
+        let proxy = Command::new(&stunnel)
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start {stunnel}: {e} (Debian package stunnel4; ./scripts/test.sh installs \
+                     it, or set LAKESTREAM_STUNNEL)"
+                )
+            });
+        wait_port(tls, "stunnel");
+        Self::spawn(plain, tls, &[], Some(Tls { proxy, dir }))
+    }
+
+    /// The broker on `port`, advertising `advertised` (where clients
+    /// connect), with further `args`.
+    fn spawn(port: u16, advertised: u16, args: &[&str], tls: Option<Tls>) -> Self {
         let child = Command::new(tansu())
             .args([
                 "broker",
                 "--listener-url",
-                &url,
+                &format!("tcp://127.0.0.1:{port}"),
                 "--advertised-listener-url",
-                &url,
+                &format!("tcp://127.0.0.1:{advertised}"),
                 "--storage-engine",
                 "memory://tansu/",
             ])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start tansu");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not open port {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_port(port, "tansu");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
-        Self { child, port, rt }
+        Self {
+            child,
+            port: advertised,
+            rt,
+            tls,
+        }
     }
 
     /// `127.0.0.1:PORT`.
@@ -81,11 +233,39 @@ impl Broker {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// The librdkafka settings a client needs for this broker (TLS with the
+    /// test CA, or none).
+    pub(crate) fn client_settings(&self) -> Vec<(&'static str, String)> {
+        match &self.tls {
+            None => Vec::new(),
+            Some(t) => vec![
+                ("security.protocol", "SSL".into()),
+                ("ssl.ca.location", t.ca().display().to_string()),
+            ],
+        }
+    }
+
+    /// [`Broker::client_settings`] as a Kafka source's options
+    /// (`'kafka.security.protocol' 'SSL', ...`), empty without TLS.
+    pub(crate) fn job_options(&self) -> String {
+        self.client_settings()
+            .iter()
+            .map(|(k, v)| format!("'kafka.{k}' '{v}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", self.bootstrap());
+        for (k, v) in self.client_settings() {
+            c.set(k, v);
+        }
+        c
+    }
+
     fn admin(&self) -> AdminClient<DefaultClientContext> {
-        ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .unwrap()
+        self.config().create().unwrap()
     }
 
     /// Create `topic` with `partitions` partitions.
@@ -105,11 +285,7 @@ impl Broker {
     /// Offsets committed by `group` for partitions `0..partitions` of `topic`.
     pub(crate) fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .set("group.id", group)
-            .create()
-            .unwrap();
+        let consumer: BaseConsumer = self.config().set("group.id", group).create().unwrap();
         let mut tpl = rdkafka::TopicPartitionList::new();
         for p in 0..partitions {
             tpl.add_partition(topic, p);
@@ -230,7 +406,71 @@ impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(t) = &mut self.tls {
+            let _ = t.proxy.kill();
+            let _ = t.proxy.wait();
+        }
     }
+}
+
+/// Produce `records` (key, value, partition) to `topic` on `broker` with
+/// the independent Python producer (`tests/py/produce.py`, the
+/// `confluent-kafka` client), with the broker's client settings and
+/// `settings`. Returns (partition, offset) of each record.
+pub(crate) fn produce_py(
+    broker: &Broker,
+    topic: &str,
+    settings: &[(&str, &str)],
+    records: &[(Option<String>, String, i32)],
+) -> Vec<(i32, i64)> {
+    use std::io::Write;
+    let mut conf = serde_json::Map::new();
+    for (k, v) in broker.client_settings() {
+        conf.insert(k.into(), v.into());
+    }
+    for (k, v) in settings {
+        conf.insert((*k).into(), (*v).into());
+    }
+    let mut child = Command::new(python())
+        .arg(crate::common::root().join("tests/py/produce.py"))
+        .arg(broker.bootstrap())
+        .arg(topic)
+        .arg(serde_json::Value::Object(conf).to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python");
+    let mut input = String::new();
+    for (key, value, partition) in records {
+        input.push_str(
+            &serde_json::json!({"key": key, "value": value, "partition": partition}).to_string(),
+        );
+        input.push('\n');
+    }
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "produce.py to {topic}: {}",
+        crate::common::text(&o)
+    );
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["partition"].as_i64().unwrap() as i32,
+                v["offset"].as_i64().unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// JSON order records `o-<start>`.. with amounts; every 7th has amount 0.

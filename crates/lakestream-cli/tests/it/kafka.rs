@@ -21,7 +21,8 @@ fn run_job(dir: &std::path::Path, ckpt: &str) -> std::process::Output {
     )
 }
 
-fn order_ids(rows: &[serde_json::Value]) -> Vec<String> {
+/// The order ids of `rows`, sorted.
+pub(crate) fn order_ids(rows: &[serde_json::Value]) -> Vec<String> {
     let mut v: Vec<String> = rows
         .iter()
         .map(|r| r["order_id"].as_str().unwrap().to_string())
@@ -30,7 +31,8 @@ fn order_ids(rows: &[serde_json::Value]) -> Vec<String> {
     v
 }
 
-fn expected_ids(records: &[(String, String)]) -> Vec<String> {
+/// The order ids of produced `records` (key, JSON value), sorted.
+pub(crate) fn expected_ids(records: &[(String, String)]) -> Vec<String> {
     let mut v: Vec<String> = records
         .iter()
         .map(|(_, v)| {

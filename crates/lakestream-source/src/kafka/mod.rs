@@ -456,6 +456,8 @@ pub struct KafkaSource {
     /// created at the first plan and kept: a continuous query plans every
     /// poll interval, and a new client would reconnect each time.
     planner: PlannerSlot,
+    /// The planning client's last connection error.
+    connection: ConnectionErrors,
     /// Ranges the reads of the current batch found gone and skipped
     /// (`fail_on_data_loss = false`).
     skipped: Arc<Mutex<Vec<Skipped>>>,
@@ -474,7 +476,96 @@ pub struct KafkaSource {
 }
 
 #[derive(Default)]
-struct PlannerSlot(Mutex<Option<Arc<Detached<BaseConsumer>>>>);
+struct PlannerSlot(Mutex<Option<Arc<Detached<BaseConsumer<PlannerContext>>>>>);
+
+/// The last connection refusal one source's planning client met: a
+/// failed TLS handshake, a refused SASL login. A request that then fails
+/// for want of a broker says why, and ends the wait at once, since no
+/// retry fixes it. librdkafka reports it as an error event and a `FAIL`
+/// log line on the client's queue ([`serve_events`]).
+#[derive(Debug, Default, Clone)]
+pub(super) struct ConnectionErrors(Arc<Mutex<Option<String>>>);
+
+impl ConnectionErrors {
+    /// The last refusal since the last request that went through.
+    pub(super) fn fatal(&self) -> Option<String> {
+        self.0.lock().expect("kafka connection errors").clone()
+    }
+
+    /// Forget the refusals: a request went through.
+    pub(super) fn clear(&self) {
+        *self.0.lock().expect("kafka connection errors") = None;
+    }
+
+    /// Keep `message` (a `FAIL` log line) when it says the broker refused
+    /// the connection's TLS or authentication (librdkafka's words for
+    /// these are fixed).
+    fn saw(&self, message: &str) {
+        const REFUSALS: [&str; 4] = [
+            "SSL handshake failed",
+            "SASL authentication error",
+            "SASL SCRAM authentication failed",
+            "Authentication failed",
+        ];
+        if REFUSALS.iter().any(|r| message.contains(r)) {
+            *self.0.lock().expect("kafka connection errors") = Some(message.to_string());
+        }
+    }
+}
+
+/// The planning client's context: librdkafka's log lines go to the log as
+/// with the default context, and connection refusals are kept in
+/// [`ConnectionErrors`].
+#[derive(Debug, Default, Clone)]
+pub(super) struct PlannerContext(ConnectionErrors);
+
+impl rdkafka::ClientContext for PlannerContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => {
+                tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Notice | L::Info => {
+                tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
+        }
+        if fac == "FAIL" {
+            self.0.saw(message);
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!("librdkafka: {error}: {reason}");
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::SSL
+                    | RDKafkaErrorCode::Authentication
+                    | RDKafkaErrorCode::SaslAuthenticationFailed
+            )
+        ) {
+            *self.0.0.lock().expect("kafka connection errors") = Some(reason.to_string());
+        }
+    }
+}
+
+impl ConsumerContext for PlannerContext {}
+
+/// Serve the events queued on a client that only asks for metadata: its
+/// log lines and errors (rdkafka queues them until the client is polled;
+/// unserved, they would pile up for the life of the query). Each poll
+/// serves at most one event, so this polls a bounded number of times.
+pub(super) fn serve_events<X: ConsumerContext>(consumer: &BaseConsumer<X>) {
+    for _ in 0..256 {
+        if let Some(Ok(_)) = consumer.poll(Duration::ZERO) {
+            // No partition is assigned: no message can come.
+            break;
+        }
+    }
+}
 
 impl std::fmt::Debug for PlannerSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -566,6 +657,7 @@ impl KafkaSource {
             options,
             state: Arc::new(Mutex::new(KafkaState::default())),
             planner: PlannerSlot::default(),
+            connection: ConnectionErrors::default(),
             skipped: Arc::new(Mutex::new(Vec::new())),
             rejected: Arc::new(Mutex::new(Vec::new())),
             membership: group::GroupSlot::default(),
@@ -744,14 +836,16 @@ impl KafkaSource {
     }
 
     /// The planning client, created on first use.
-    fn planner(&self) -> Result<Arc<Detached<BaseConsumer>>> {
+    fn planner(&self) -> Result<Arc<Detached<BaseConsumer<PlannerContext>>>> {
         let mut slot = self.planner.0.lock().expect("kafka planner");
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
         let c = Arc::new(Detached::new(
             self.client_config()
-                .create::<BaseConsumer>()
+                .create_with_context::<_, BaseConsumer<PlannerContext>>(PlannerContext(
+                    self.connection.clone(),
+                ))
                 .map_err(|e| create_err(&self.name, e))?,
         ));
         *slot = Some(c.clone());
@@ -759,12 +853,7 @@ impl KafkaSource {
     }
 
     fn kafka_err(&self, what: &str, e: KafkaError) -> Error {
-        Error::Kafka {
-            source_name: self.name.clone(),
-            what: what.to_string(),
-            reason: e.to_string(),
-            transient: is_transient(&e),
-        }
+        connection_err(&self.name, what, e, &self.connection)
     }
 }
 
@@ -801,6 +890,34 @@ impl<T: Send + 'static> Drop for Detached<T> {
                 .name("lakestream-kafka-close".into())
                 .spawn(move || drop(client));
         }
+    }
+}
+
+/// A request's error, with the connection's: a request that found no
+/// broker after a TLS or authentication failure fails for good, naming
+/// that failure (a retry would meet it again).
+pub(super) fn connection_err(
+    source_name: &str,
+    what: &str,
+    e: KafkaError,
+    connection: &ConnectionErrors,
+) -> Error {
+    match connection.fatal() {
+        Some(why) if is_transient(&e) => Error::Kafka {
+            source_name: source_name.to_string(),
+            what: what.to_string(),
+            reason: format!(
+                "{e}: the brokers refused the connection: {why}; check the source's \
+                 kafka.security.protocol, kafka.ssl.* and kafka.sasl.* settings"
+            ),
+            transient: false,
+        },
+        _ => Error::Kafka {
+            source_name: source_name.to_string(),
+            what: what.to_string(),
+            reason: e.to_string(),
+            transient: is_transient(&e),
+        },
     }
 }
 

@@ -82,8 +82,8 @@ pub(super) fn resume_point(
 /// until the timeout). Asked only when a topic is first seen, its offsets
 /// went missing, or now and then: an id is evidence of recreation, never
 /// needed for reading.
-pub(super) fn fetch_topic_ids(
-    consumer: &BaseConsumer,
+pub(super) fn fetch_topic_ids<X: ConsumerContext>(
+    consumer: &BaseConsumer<X>,
     names: &[String],
     timeout: Duration,
 ) -> Option<BTreeMap<String, String>> {
@@ -180,8 +180,8 @@ pub(super) const TOPIC_ID_WAIT: Duration = Duration::from_secs(2);
 
 /// The partitions of every topic of `topics` (only those in `only`, when
 /// given), from the brokers' metadata.
-pub(super) fn fetch_partitions(
-    consumer: &BaseConsumer,
+pub(super) fn fetch_partitions<X: ConsumerContext>(
+    consumer: &BaseConsumer<X>,
     topics: &Topics,
     only_partitions: Option<&std::collections::BTreeSet<i32>>,
     timeout: Duration,
@@ -431,11 +431,14 @@ impl KafkaSource {
             _ => None,
         };
         let state = self.state.clone();
+        let connection = self.connection.clone();
+        let seen = connection.clone();
         tokio::task::spawn_blocking(move || {
             let partitions = match known {
                 Some(known) => known,
                 None => {
                     let found = fetch_partitions(&consumer, &topics, only.as_ref(), timeout);
+                    serve_events(&consumer);
                     if let Ok(found) = &found {
                         state.lock().expect("kafka state").partitions =
                             Some((Instant::now(), found.clone()));
@@ -444,21 +447,17 @@ impl KafkaSource {
                 }
             };
             let marks = fetch_watermarks(&**consumer, &partitions, timeout);
-            if marks.is_err() {
+            serve_events(&consumer);
+            if marks.is_ok() {
+                seen.clear();
+            } else {
                 // A topic deleted or its partitions moved: list them again.
                 state.lock().expect("kafka state").partitions = None;
             }
             marks
         })
         .await
-        .map(|r| {
-            r.map_err(|e| Error::Kafka {
-                source_name: name,
-                what,
-                transient: is_transient(&e),
-                reason: e.to_string(),
-            })
-        })
+        .map(|r| r.map_err(|e| connection_err(&name, &what, e, &connection)))
         .map_err(|e| Error::Kafka {
             source_name: self.name.clone(),
             what: "plan".into(),

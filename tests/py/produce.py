@@ -1,0 +1,62 @@
+"""Produce records to a Kafka topic with the `confluent-kafka` client: an
+independent producer (its own librdkafka build), so the tests read what
+producers in the field write.
+
+usage: produce.py BOOTSTRAP TOPIC CONFIG_JSON < records
+
+CONFIG_JSON: producer settings added to the defaults (for example
+{"compression.type": "zstd", "security.protocol": "SSL",
+"ssl.ca.location": "ca.pem"}). Each input line is a JSON object
+{"key": str or null, "value": str, "partition": int}. One record per
+produce request (batch.num.messages=1), since tansu's high watermark is
+exact only then. Prints one JSON line per record, in input order:
+{"partition": p, "offset": o}.
+"""
+import json
+import sys
+
+from confluent_kafka import Producer
+
+
+def main() -> None:
+    bootstrap, topic, extra = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "batch.num.messages": 1,
+        "linger.ms": 0,
+        "message.timeout.ms": 30000,
+        **extra,
+    }
+    producer = Producer(conf)
+    records = [json.loads(line) for line in sys.stdin if line.strip()]
+    placed = [None] * len(records)
+    failed = []
+
+    def report(i):
+        def done(err, msg):
+            if err is not None:
+                failed.append(f"record {i}: {err}")
+            else:
+                placed[i] = (msg.partition(), msg.offset())
+
+        return done
+
+    for i, r in enumerate(records):
+        key = r.get("key")
+        producer.produce(
+            topic,
+            value=r["value"].encode(),
+            key=key.encode() if key is not None else None,
+            partition=r.get("partition", 0),
+            on_delivery=report(i),
+        )
+        producer.poll(0)
+    left = producer.flush(60)
+    if left or failed:
+        sys.exit(f"produce to {topic}: {left} record(s) undelivered; {failed[:3]}")
+    for p, o in placed:
+        print(json.dumps({"partition": p, "offset": o}))
+
+
+if __name__ == "__main__":
+    main()
