@@ -49,7 +49,31 @@ struct Tls {
     proxy: Child,
     /// Holds the certificates and keys.
     dir: tempfile::TempDir,
+    options: TlsOptions,
 }
+
+/// How [`Broker::start_tls_with`] sets up its TLS endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct TlsOptions {
+    /// The endpoint certificate's subjectAltName (`IP:127.0.0.1`).
+    pub(crate) server_name: String,
+    /// Clients must present a certificate signed by the CA (mutual TLS);
+    /// the test clients get one, its key encrypted with
+    /// [`CLIENT_KEY_PASSWORD`].
+    pub(crate) client_certificate: bool,
+}
+
+impl Default for TlsOptions {
+    fn default() -> Self {
+        Self {
+            server_name: "IP:127.0.0.1".into(),
+            client_certificate: false,
+        }
+    }
+}
+
+/// The password of the test client's private key (mutual TLS).
+pub(crate) const CLIENT_KEY_PASSWORD: &str = "client-key-secret";
 
 impl Tls {
     /// The CA certificate that signed the endpoint's certificate.
@@ -87,6 +111,45 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
         o.status.success(),
         "openssl {args:?}: {}",
         String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A key and a certificate signed by the CA `ca` in `dir` (`<name>.pem`,
+/// `<name>.key`, the key encrypted with `password` when given) for
+/// `subject`, naming `alt_name` (`IP:127.0.0.1`, `DNS:broker`).
+fn sign(dir: &std::path::Path, name: &str, subject: &str, alt_name: &str, password: Option<&str>) {
+    let key = format!("{name}.key");
+    let csr = format!("{name}.csr");
+    let mut req = vec![
+        "req", "-newkey", "rsa:2048", "-subj", subject, "-keyout", &key, "-out", &csr,
+    ];
+    let pass = password.map(|p| format!("pass:{p}"));
+    match &pass {
+        Some(p) => req.extend(["-passout", p.as_str()]),
+        None => req.push("-nodes"),
+    }
+    openssl(dir, &req);
+    let ext = format!("{name}.cnf");
+    std::fs::write(dir.join(&ext), format!("subjectAltName={alt_name}\n")).unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+            "-out",
+            &format!("{name}.pem"),
+        ],
     );
 }
 
@@ -130,51 +193,45 @@ impl Broker {
     /// `stunnel4`) accepts TLS on the advertised port with a certificate
     /// for 127.0.0.1 signed by a CA made here, and forwards to the broker.
     pub(crate) fn start_tls() -> Self {
+        Self::start_tls_with(TlsOptions::default())
+    }
+
+    /// [`Broker::start_tls`] with `options`: the name the certificate
+    /// gives, and whether clients must present a certificate of the CA.
+    pub(crate) fn start_tls_with(options: TlsOptions) -> Self {
         let dir = tempfile::tempdir().unwrap();
         make_ca(dir.path(), "ca");
-        openssl(
+        sign(
             dir.path(),
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                "/CN=127.0.0.1",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-            ],
+            "server",
+            "/CN=broker",
+            &options.server_name,
+            None,
         );
-        std::fs::write(dir.path().join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-        openssl(
-            dir.path(),
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                "ext.cnf",
-                "-out",
-                "server.pem",
-            ],
-        );
+        if options.client_certificate {
+            sign(
+                dir.path(),
+                "client",
+                "/CN=lakestream",
+                "DNS:lakestream",
+                Some(CLIENT_KEY_PASSWORD),
+            );
+        }
         let (plain, tls) = (free_port(), free_port());
         let conf = dir.path().join("stunnel.conf");
+        let verify = if options.client_certificate {
+            format!(
+                "verify = 2\nCAfile = {}\n",
+                dir.path().join("ca.pem").display()
+            )
+        } else {
+            String::new()
+        };
         std::fs::write(
             &conf,
             format!(
                 "foreground = yes\npid =\n[kafka]\naccept = 127.0.0.1:{tls}\n\
-                 connect = 127.0.0.1:{plain}\ncert = {}\nkey = {}\n",
+                 connect = 127.0.0.1:{plain}\ncert = {}\nkey = {}\n{verify}",
                 dir.path().join("server.pem").display(),
                 dir.path().join("server.key").display()
             ),
@@ -193,7 +250,16 @@ impl Broker {
                 )
             });
         wait_port(tls, "stunnel");
-        Self::spawn(plain, tls, &[], Some(Tls { proxy, dir }))
+        Self::spawn(
+            plain,
+            tls,
+            &[],
+            Some(Tls {
+                proxy,
+                dir,
+                options,
+            }),
+        )
     }
 
     /// The broker on `port`, advertising `advertised` (where clients
@@ -236,13 +302,24 @@ impl Broker {
     /// The librdkafka settings a client needs for this broker (TLS with the
     /// test CA, or none).
     pub(crate) fn client_settings(&self) -> Vec<(&'static str, String)> {
-        match &self.tls {
-            None => Vec::new(),
-            Some(t) => vec![
-                ("security.protocol", "SSL".into()),
-                ("ssl.ca.location", t.ca().display().to_string()),
-            ],
+        let Some(t) = &self.tls else {
+            return Vec::new();
+        };
+        let mut settings = vec![
+            ("security.protocol", "SSL".into()),
+            ("ssl.ca.location", t.ca().display().to_string()),
+        ];
+        if t.options.client_certificate {
+            let file = |f: &str| t.dir.path().join(f).display().to_string();
+            settings.push(("ssl.certificate.location", file("client.pem")));
+            settings.push(("ssl.key.location", file("client.key")));
+            settings.push(("ssl.key.password", CLIENT_KEY_PASSWORD.into()));
         }
+        if t.options.server_name != TlsOptions::default().server_name {
+            // The test's own clients do not check the name.
+            settings.push(("ssl.endpoint.identification.algorithm", "none".into()));
+        }
+        settings
     }
 
     /// [`Broker::client_settings`] as a Kafka source's options

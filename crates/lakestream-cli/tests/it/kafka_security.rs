@@ -5,7 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::broker::{Broker, assert_records_once, kafka_job, make_ca, orders, produce_py};
+use crate::broker::{
+    Broker, CLIENT_KEY_PASSWORD, TlsOptions, assert_records_once, kafka_job, make_ca, orders,
+    produce_py,
+};
 use crate::common::*;
 use crate::kafka::{expected_ids, order_ids};
 
@@ -189,4 +192,84 @@ fn sasl_scram_and_plain_handshakes_reach_the_broker_and_a_refusal_is_named() {
         );
         assert!(!text(&o).contains("hunter4"), "a secret was printed");
     }
+}
+
+/// `n` small order records over `partitions` partitions.
+fn small_orders(n: usize, partitions: i32) -> Vec<(Option<String>, String, i32)> {
+    orders(0, n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (k, v))| (Some(k), v, i as i32 % partitions))
+        .collect()
+}
+
+#[test]
+fn mutual_tls_with_an_encrypted_client_key_reads_the_topic_and_no_certificate_is_refused() {
+    let broker = Broker::start_tls_with(TlsOptions {
+        client_certificate: true,
+        ..TlsOptions::default()
+    });
+    broker.create_topic("orders", 2);
+    let records = small_orders(40, 2);
+    let placed = produce_py(&broker, "orders", &[], &records);
+    let tmp = job_dir(&broker, "orders", &broker.job_options());
+    let dir = tmp.path();
+    let o = run_in(dir, &RUN_JOB);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_records_once(&read_py(&dir.join("out")), &placed);
+    assert!(
+        !text(&o).contains(CLIENT_KEY_PASSWORD),
+        "a secret was printed"
+    );
+
+    // Without a client certificate the endpoint ends the handshake.
+    let ca = broker
+        .job_options()
+        .split(", ")
+        .filter(|o| o.contains("security.protocol") || o.contains("ssl.ca.location"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let tmp = job_dir(&broker, "orders", &format!("'request_timeout' '2s', {ca}"));
+    let o = run_in(tmp.path(), &RUN_JOB);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = error_line(&o);
+    assert!(err.contains(&broker.bootstrap()), "{err}");
+    assert!(
+        err.contains("the brokers refused the connection") && err.contains("certificate required"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_certificate_for_another_name_is_refused_unless_endpoint_identification_is_off() {
+    let broker = Broker::start_tls_with(TlsOptions {
+        server_name: "DNS:kafka.example".into(),
+        ..TlsOptions::default()
+    });
+    broker.create_topic("orders", 1);
+    let records = small_orders(10, 1);
+    let placed = produce_py(&broker, "orders", &[], &records);
+    // The CA signed it, but it names another host than 127.0.0.1.
+    let checked = broker
+        .job_options()
+        .replace("'kafka.ssl.endpoint.identification.algorithm' 'none'", "")
+        .trim_end_matches([',', ' '])
+        .to_string();
+    let tmp = job_dir(
+        &broker,
+        "orders",
+        &format!("'request_timeout' '2s', {checked}"),
+    );
+    let o = run_in(tmp.path(), &RUN_JOB);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = error_line(&o);
+    assert!(
+        err.contains("the brokers refused the connection")
+            && err.contains("certificate verify failed"),
+        "{err}"
+    );
+    let tmp = job_dir(&broker, "orders", &broker.job_options());
+    let o = run_in(tmp.path(), &RUN_JOB);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_records_once(&read_py(&tmp.path().join("out")), &placed);
 }

@@ -501,8 +501,12 @@ impl ConnectionErrors {
     /// the connection's TLS or authentication (librdkafka's words for
     /// these are fixed).
     fn saw(&self, message: &str) {
-        const REFUSALS: [&str; 4] = [
+        const REFUSALS: [&str; 5] = [
             "SSL handshake failed",
+            // A TLS alert from the broker (certificate required, bad
+            // certificate, unknown CA) after the handshake, as TLS 1.3
+            // sends one for a missing client certificate.
+            "SSL alert number",
             "SASL authentication error",
             "SASL SCRAM authentication failed",
             "Authentication failed",
