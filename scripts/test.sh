@@ -10,14 +10,15 @@ cd "$(dirname "$0")/.."
 # Debian packages the tests need, installed when missing: a real browser
 # for the status-page test (Chromium); stunnel, the TLS endpoint the Kafka
 # TLS tests put in front of the broker, and openssl, which makes their
-# certificates; OpenSSL's headers and pkg-config, which the build of
-# librdkafka with TLS needs.
+# certificates; OpenSSL's and libcurl's headers and pkg-config, which the
+# build of librdkafka with TLS and OAUTHBEARER/OIDC needs.
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v stunnel >/dev/null 2>&1 || need+=(stunnel4)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; } || need+=(libssl-dev)
+{ command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libcurl; } || need+=(libcurl4-openssl-dev)
 if [ "${#need[@]}" -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

@@ -273,3 +273,116 @@ fn a_certificate_for_another_name_is_refused_unless_endpoint_identification_is_o
     assert!(o.status.success(), "{}", text(&o));
     assert_records_once(&read_py(&tmp.path().join("out")), &placed);
 }
+
+/// An OAuth 2.0 token endpoint on loopback (`tests/py/token_server.py`)
+/// that logs each request it answers; killed on drop.
+struct TokenServer {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl TokenServer {
+    fn start() -> Self {
+        use std::io::BufRead;
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(python())
+            .arg(root().join("tests/py/token_server.py"))
+            .arg(dir.path().join("requests.jsonl"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run python");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the token server's port");
+        Self { child, port, dir }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/oauth2/token", self.port)
+    }
+
+    /// The requests answered so far.
+    fn requests(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("requests.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn oauthbearer_oidc_fetches_a_token_with_the_client_credentials_and_never_prints_the_secret() {
+    // The broker takes the OAUTHBEARER handshake and refuses the token (it
+    // has no key to check it with): the flow runs from the token endpoint
+    // to the broker's answer.
+    let broker = Broker::start_authenticated();
+    let tokens = TokenServer::start();
+    let tmp = job_dir(
+        &broker,
+        "orders",
+        &format!(
+            "'request_timeout' '2s', 'kafka.security.protocol' 'SASL_PLAINTEXT', \
+             'kafka.sasl.mechanism' 'OAUTHBEARER', 'kafka.sasl.oauthbearer.method' 'oidc', \
+             'kafka.sasl.oauthbearer.client.id' 'lakestream-app', \
+             'kafka.sasl.oauthbearer.client.secret' 'hunter5-never', \
+             'kafka.sasl.oauthbearer.token.endpoint.url' '{}'",
+            tokens.url()
+        ),
+    );
+    let o = run_in(tmp.path(), &RUN_JOB);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = error_line(&o);
+    assert!(
+        err.contains("the brokers refused the connection")
+            && err.contains("SASL authentication error"),
+        "{err}"
+    );
+    let requests = tokens.requests();
+    assert!(!requests.is_empty(), "no token was asked for: {}", text(&o));
+    for r in &requests {
+        assert_eq!(r["path"], "/oauth2/token", "{r}");
+        assert_eq!(r["body"], "grant_type=client_credentials", "{r}");
+        // HTTP basic authentication with lakestream-app:hunter5-never.
+        assert_eq!(
+            r["authorization"], "Basic bGFrZXN0cmVhbS1hcHA6aHVudGVyNS1uZXZlcg==",
+            "{r}"
+        );
+    }
+    assert!(!text(&o).contains("hunter5"), "a secret was printed");
+}
+
+#[test]
+fn a_setting_librdkafka_refuses_is_named_without_its_value() {
+    // A misspelt password setting: librdkafka's own message repeats the
+    // value it was given.
+    let broker = Broker::start();
+    let tmp = job_dir(
+        &broker,
+        "orders",
+        "'kafka.security.protocol' 'SASL_PLAINTEXT', 'kafka.sasl.mechanism' 'PLAIN', \
+         'kafka.sasl.passwd' 'hunter6-never'",
+    );
+    let o = run_in(tmp.path(), &RUN_JOB);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = error_line(&o);
+    assert!(
+        err.contains("librdkafka refused the setting kafka.sasl.passwd"),
+        "{err}"
+    );
+    assert!(
+        !text(&o).contains("hunter6"),
+        "a value was printed: {}",
+        text(&o)
+    );
+}

@@ -926,10 +926,24 @@ pub(super) fn connection_err(
 }
 
 fn create_err(source_name: &str, e: KafkaError) -> Error {
+    let reason = match e {
+        // librdkafka's words name the setting and repeat its value, which
+        // may be a secret (a password, a client secret): the value is left
+        // out.
+        KafkaError::ClientConfig(_, desc, key, value) => {
+            let desc = if value.is_empty() {
+                desc
+            } else {
+                desc.replace(&value, "***")
+            };
+            format!("librdkafka refused the setting kafka.{key}: {desc}")
+        }
+        e => e.to_string(),
+    };
     Error::Kafka {
         source_name: source_name.to_string(),
         what: "create consumer".into(),
-        reason: e.to_string(),
+        reason,
         transient: false,
     }
 }
