@@ -26,8 +26,12 @@
 //! starting snapshot's rows are inserts at its version. A commit with
 //! change-data files (`cdc` actions) is read from them alone; a commit
 //! without them is read as the protocol says: its added files' rows are
-//! inserts and its removed files' rows deletes. The units and offsets are
-//! the same as for appends, with a commit's change files as its files.
+//! inserts and its removed files' rows deletes, except a file removed and
+//! added again with another deletion vector, whose rows the new vector
+//! deletes are deletes and whose rows it no longer deletes are inserts.
+//! A commit's time is its in-commit timestamp, else its commitInfo's, else
+//! its log file's modification time. The units and offsets are the same as
+//! for appends, with a commit's change files as its files.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -107,6 +111,49 @@ struct DataFile {
     deletion_vector: Option<deltalake::kernel::DeletionVectorDescriptor>,
     /// In a change-feed source: what the file's rows are.
     change: Option<Change>,
+    /// In a change-feed source, a file whose deletion vector a commit
+    /// replaced: only the rows whose state changed are read.
+    vector_change: Option<VectorChange>,
+}
+
+/// The rows of a file whose deletion vector a commit replaced (a remove and
+/// an add of the same file): `deletion_vector` of the [`DataFile`] is the
+/// new vector, `before` the old one. Read are the rows the new vector
+/// deletes and the old did not (deletes), or, when `restored`, the rows
+/// the old one deleted and the new one does not (inserts).
+#[derive(Debug, Clone)]
+struct VectorChange {
+    before: Option<deltalake::kernel::DeletionVectorDescriptor>,
+    restored: bool,
+}
+
+/// Which rows of a file are read, by row index in the file as written.
+enum RowFilter {
+    /// Every row but these (ascending).
+    Exclude(Vec<u64>),
+    /// Only these (ascending).
+    Include(Vec<u64>),
+}
+
+impl RowFilter {
+    /// The mask of rows `first..first + n`, or `None` when all are read.
+    fn mask(&self, first: u64, n: usize) -> Option<arrow::array::BooleanArray> {
+        let end = first + n as u64;
+        let (rows, keep) = match self {
+            RowFilter::Exclude(rows) => (rows, false),
+            RowFilter::Include(rows) => (rows, true),
+        };
+        let from = rows.partition_point(|r| *r < first);
+        let to = rows.partition_point(|r| *r < end);
+        if from == to && !keep {
+            return None;
+        }
+        let mut mask = vec![!keep; n];
+        for r in &rows[from..to] {
+            mask[(r - first) as usize] = keep;
+        }
+        Some(arrow::array::BooleanArray::from(mask))
+    }
 }
 
 /// The change-feed columns of one file's rows.
@@ -376,17 +423,14 @@ impl Inner {
                 partition_values: f.partition_values_map().into_iter().collect(),
                 deletion_vector: f.deletion_vector_descriptor(),
                 change: None,
+                vector_change: None,
             })
             .collect();
         files.sort_by(|a, b| a.path.cmp(&b.path));
         if self.options.read_change_feed {
             // The snapshot's rows are inserts at its version.
             let actions = self.commit_actions(version).await?;
-            let timestamp_ms = commit_time(&actions).ok_or_else(|| Error::Delta {
-                source_name: self.name.clone(),
-                table: self.location.url().to_string(),
-                reason: format!("commit {version} has no timestamp in its commitInfo"),
-            })?;
+            let timestamp_ms = self.commit_timestamp(version, &actions).await?;
             for f in &mut files {
                 f.change = Some(Change {
                     kind: Some("insert"),
@@ -424,6 +468,22 @@ impl Inner {
             .collect()
     }
 
+    /// The time of commit `version` (its `actions`): its in-commit
+    /// timestamp, else its commitInfo's time, else (a commit without
+    /// commitInfo) the modification time of its log file.
+    async fn commit_timestamp(&self, version: u64, actions: &[serde_json::Value]) -> Result<i64> {
+        if let Some(t) = commit_time(actions) {
+            return Ok(t);
+        }
+        let path = self
+            .location
+            .child(&format!("_delta_log/{version:020}.json"));
+        let meta = object_store::ObjectStoreExt::head(self.location.store(), &path)
+            .await
+            .map_err(|e| self.err(&format!("cannot read the time of commit {version}"), e))?;
+        Ok(meta.last_modified.timestamp_millis())
+    }
+
     /// The file an `add`, `remove` or `cdc` action of commit `version`
     /// names.
     fn action_file(&self, version: u64, a: &serde_json::Value) -> Result<DataFile> {
@@ -452,6 +512,7 @@ impl Inner {
             partition_values,
             deletion_vector,
             change: None,
+            vector_change: None,
         })
     }
 
@@ -491,7 +552,11 @@ impl Inner {
             }
         }
         if self.options.read_change_feed {
-            return self.change_files(version, &actions, adds, removes, cdc);
+            if adds.is_empty() && removes.is_empty() && cdc.is_empty() {
+                return Ok(Vec::new());
+            }
+            let timestamp_ms = self.commit_timestamp(version, &actions).await?;
+            return self.change_files(version, timestamp_ms, adds, removes, cdc);
         }
         if !removes.is_empty() {
             if self.options.skip_change_commits {
@@ -518,19 +583,11 @@ impl Inner {
     fn change_files(
         &self,
         version: u64,
-        actions: &[serde_json::Value],
+        timestamp_ms: i64,
         adds: Vec<DataFile>,
         removes: Vec<DataFile>,
         cdc: Vec<DataFile>,
     ) -> Result<Vec<DataFile>> {
-        if adds.is_empty() && removes.is_empty() && cdc.is_empty() {
-            return Ok(Vec::new());
-        }
-        let timestamp_ms = commit_time(actions).ok_or_else(|| Error::Delta {
-            source_name: self.name.clone(),
-            table: self.location.url().to_string(),
-            reason: format!("commit {version} has no timestamp in its commitInfo"),
-        })?;
         let change = |kind| Change {
             kind,
             version,
@@ -545,25 +602,28 @@ impl Inner {
                 })
                 .collect());
         }
-        // A file both removed and added again changes only its deletion
-        // vector: the rows deleted are the difference of the two vectors,
-        // which this source does not compute.
-        if let Some(f) = adds
-            .iter()
-            .find(|a| removes.iter().any(|r| r.path == a.path))
-        {
-            return Err(Error::Delta {
-                source_name: self.name.clone(),
-                table: self.location.url().to_string(),
-                reason: format!(
-                    "commit {version} deletes rows of {} through a deletion vector without \
-                     writing change data, which read_change_feed cannot read yet; start a new \
-                     query with 'starting_version' past it, or disable deletion vectors on the \
-                     table (delta.enableDeletionVectors = false) for the writes it follows",
-                    f.path
-                ),
-            });
-        }
+        // A file both removed and added again changed only its deletion
+        // vector: its deleted rows are those the new vector adds, its
+        // inserted rows those the new vector no longer deletes.
+        let mut removes = removes;
+        let mut adds = adds;
+        let mut changed = Vec::new();
+        adds.retain(|a| {
+            let Some(i) = removes.iter().position(|r| r.path == a.path) else {
+                return true;
+            };
+            let before = removes.remove(i).deletion_vector;
+            for (kind, restored) in [("delete", false), ("insert", true)] {
+                let mut f = a.clone();
+                f.change = Some(change(Some(kind)));
+                f.vector_change = Some(VectorChange {
+                    before: before.clone(),
+                    restored,
+                });
+                changed.push(f);
+            }
+            false
+        });
         let inserts = adds.into_iter().map(|mut f| {
             f.change = Some(change(Some("insert")));
             f
@@ -572,7 +632,7 @@ impl Inner {
             f.change = Some(change(Some("delete")));
             f
         });
-        Ok(inserts.chain(deletes).collect())
+        Ok(changed.into_iter().chain(inserts).chain(deletes).collect())
     }
 
     /// Whether a `metaData.schemaString` describes the schema this source
@@ -672,14 +732,17 @@ impl Inner {
             line: None,
             reason,
         };
-        // The rows the file's deletion vector deletes, ascending.
-        let deleted: Arc<Vec<u64>> = Arc::new(match file.deletion_vector.clone() {
-            None => Vec::new(),
-            Some(dv) => {
-                let mut root = location.url().clone();
-                if !root.path().ends_with('/') {
-                    root.set_path(&format!("{}/", root.path()));
-                }
+        // The rows each deletion vector deletes, ascending.
+        let rows_of = |dv: Option<deltalake::kernel::DeletionVectorDescriptor>| {
+            let engine = engine.clone();
+            let mut root = location.url().clone();
+            if !root.path().ends_with('/') {
+                root.set_path(&format!("{}/", root.path()));
+            }
+            async move {
+                let Some(dv) = dv else {
+                    return Ok(Vec::new());
+                };
                 tokio::task::spawn_blocking(move || {
                     let dv: buoyant_kernel::actions::deletion_vector::DeletionVectorDescriptor =
                         dv.try_into().map_err(|e| format!("{e}"))?;
@@ -688,7 +751,27 @@ impl Inner {
                 })
                 .await
                 .map_err(|e| malformed(format!("reading its deletion vector: {e}")))?
-                .map_err(|e| malformed(format!("reading its deletion vector: {e}")))?
+                .map_err(|e| malformed(format!("reading its deletion vector: {e}")))
+            }
+        };
+        let mut deleted = rows_of(file.deletion_vector.clone()).await?;
+        deleted.sort_unstable();
+        let filter = Arc::new(match &file.vector_change {
+            None => RowFilter::Exclude(deleted),
+            Some(vc) => {
+                let mut before = rows_of(vc.before.clone()).await?;
+                before.sort_unstable();
+                let (from, minus) = if vc.restored {
+                    (&before, &deleted)
+                } else {
+                    (&deleted, &before)
+                };
+                RowFilter::Include(
+                    from.iter()
+                        .filter(|r| minus.binary_search(r).is_err())
+                        .copied()
+                        .collect(),
+                )
             }
         });
         let mut row = 0u64;
@@ -802,19 +885,10 @@ impl Inner {
                 // Rows are numbered across the file as it was written.
                 let first = row;
                 row += out.num_rows() as u64;
-                if deleted.is_empty() {
+                let Some(mask) = filter.mask(first, out.num_rows()) else {
                     return Ok(out);
-                }
-                let from = deleted.partition_point(|d| *d < first);
-                let to = deleted.partition_point(|d| *d < row);
-                if from == to {
-                    return Ok(out);
-                }
-                let mut keep = vec![true; out.num_rows()];
-                for d in &deleted[from..to] {
-                    keep[(d - first) as usize] = false;
-                }
-                arrow::compute::filter_record_batch(&out, &arrow::array::BooleanArray::from(keep))
+                };
+                arrow::compute::filter_record_batch(&out, &mask)
                     .map_err(|e| schema_err(e.to_string()))
             })
             .boxed())
