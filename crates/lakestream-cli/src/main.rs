@@ -40,6 +40,21 @@ const EXIT_INVALID: u8 = 2;
 const EXIT_IN_USE: u8 = 3;
 const EXIT_ABORTED: i32 = 130;
 
+/// `--version`'s long form: the version, and the Kafka client's version
+/// and what it was built with (TLS, SASL mechanisms, codecs), so a user can
+/// tell what this binary can connect to.
+fn long_version() -> String {
+    let (_, librdkafka) = rdkafka::util::get_rdkafka_version();
+    let features = rdkafka::ClientConfig::new()
+        .create_native_config()
+        .and_then(|c| c.get("builtin.features"))
+        .unwrap_or_else(|e| format!("unknown ({e})"));
+    format!(
+        "{}\nlibrdkafka {librdkafka} ({features})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 #[derive(Parser)]
 #[command(
     name = "lakestream",
@@ -528,7 +543,13 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = {
+        use clap::{CommandFactory, FromArgMatches};
+        // Built once per process; clap takes a static string.
+        let long: &'static str = Box::leak(long_version().into_boxed_str());
+        let matches = Cli::command().long_version(long).get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

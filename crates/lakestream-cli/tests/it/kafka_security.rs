@@ -386,3 +386,30 @@ fn a_setting_librdkafka_refuses_is_named_without_its_value() {
         text(&o)
     );
 }
+
+#[test]
+fn the_long_version_names_the_kafka_features_the_binary_was_built_with() {
+    let o = bin().arg("--version").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("librdkafka "))
+        .unwrap_or_else(|| panic!("no librdkafka line: {out}"));
+    for feature in [
+        "ssl",
+        "sasl_plain",
+        "sasl_scram",
+        "sasl_oauthbearer",
+        "oidc",
+        "gzip",
+        "snappy",
+        "lz4",
+        "zstd",
+    ] {
+        assert!(
+            line.split(['(', ',', ')']).any(|f| f.trim() == feature),
+            "{feature} missing from: {line}"
+        );
+    }
+}
