@@ -1197,3 +1197,48 @@ fn the_change_feed_of_deletes_and_restores_by_deletion_vectors_is_read_from_the_
     expected.sort();
     assert_eq!(got, expected);
 }
+
+#[test]
+fn spark_tables_with_column_mapping_are_refused_as_output_and_as_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    events(dir, 1);
+    for mode in ["name", "id"] {
+        let table = format!("cm_{mode}");
+        copy_golden(&format!("partition-cm-{mode}"), &dir.join(&table));
+        // As the output.
+        let _ = std::fs::remove_dir_all(dir.join("ckpt"));
+        job(
+            dir,
+            "",
+            &table,
+            "",
+            "SELECT CAST(amount AS INT) AS value, event_type AS category FROM events",
+        );
+        let o = run_job(dir);
+        assert_eq!(o.status.code(), Some(2), "{mode}: {}", text(&o));
+        assert!(
+            stderr(&o).contains("table feature columnMapping is not supported by this writer"),
+            "{mode}: {}",
+            text(&o)
+        );
+        // As a stream.
+        let _ = std::fs::remove_dir_all(dir.join("ckpt"));
+        std::fs::write(
+            dir.join("job.sql"),
+            format!(
+                "CREATE UNBOUNDED EXTERNAL TABLE t STORED AS DELTA LOCATION '{table}';\n\
+                 CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+                 INSERT INTO out SELECT * FROM t;\n"
+            ),
+        )
+        .unwrap();
+        let o = run_job(dir);
+        assert_ne!(o.status.code(), Some(0), "{mode}: {}", text(&o));
+        assert!(
+            stderr(&o).contains("column mapping, which the Delta source cannot read yet"),
+            "{mode}: {}",
+            text(&o)
+        );
+    }
+}
