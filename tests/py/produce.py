@@ -7,7 +7,8 @@ usage: produce.py BOOTSTRAP TOPIC CONFIG_JSON < records
 CONFIG_JSON: producer settings added to the defaults (for example
 {"compression.type": "zstd", "security.protocol": "SSL",
 "ssl.ca.location": "ca.pem"}). Each input line is a JSON object
-{"key": str or null, "value": str, "partition": int}. One record per
+{"key": str or null, "value": str, "partition": int}, or "key_hex" for
+a key of any bytes. One record per
 produce request (batch.num.messages=1), since tansu's high watermark is
 exact only then. Prints one JSON line per record, in input order:
 {"partition": p, "offset": o}.
@@ -43,10 +44,11 @@ def main() -> None:
 
     for i, r in enumerate(records):
         key = r.get("key")
+        key = bytes.fromhex(r["key_hex"]) if "key_hex" in r else key and key.encode()
         producer.produce(
             topic,
             value=r["value"].encode(),
-            key=key.encode() if key is not None else None,
+            key=key,
             partition=r.get("partition", 0),
             on_delivery=report(i),
         )

@@ -413,3 +413,88 @@ fn the_long_version_names_the_kafka_features_the_binary_was_built_with() {
         );
     }
 }
+
+#[test]
+fn string_keys_are_text_and_a_key_that_is_not_utf8_is_a_bad_record() {
+    let broker = Broker::start();
+    broker.create_topic("orders", 1);
+    let values = orders(0, 3);
+    let mut placed = produce_py(
+        &broker,
+        "orders",
+        &[],
+        &[
+            (Some("user-1".into()), values[0].1.clone(), 0),
+            (None, values[1].1.clone(), 0),
+        ],
+    );
+    // A key of bytes that are not UTF-8, through the producer's hex form.
+    let bad = {
+        use std::io::Write;
+        let mut child = std::process::Command::new(python())
+            .arg(root().join("tests/py/produce.py"))
+            .arg(broker.bootstrap())
+            .arg("orders")
+            .arg("{}")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let line = serde_json::json!({"key_hex": "fffe00", "value": values[2].1, "partition": 0});
+        writeln!(child.stdin.take().unwrap(), "{line}").unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["offset"].as_i64().unwrap()
+    };
+    // Without dead letters the batch fails naming the record.
+    let tmp = job_dir(&broker, "orders", "'key_format' 'string'");
+    let o = run_in(tmp.path(), &RUN_JOB);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = error_line(&o);
+    assert!(
+        err.contains("key is not UTF-8") && err.contains(&format!("offset {bad}")),
+        "{err}"
+    );
+    // With them, the other two rows go on, their keys as text.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (order_id VARCHAR NOT NULL) STORED AS KAFKA \
+             LOCATION 'kafka://{}/orders' OPTIONS ('key_format' 'string', \
+             'on_error' 'dead_letter', 'dead_letter_location' 'bad');\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO out SELECT order_id, _key, upper(_key) AS shout FROM orders;\n",
+            broker.bootstrap()
+        ),
+    )
+    .unwrap();
+    let o = run_in(dir, &RUN_JOB);
+    assert!(o.status.success(), "{}", text(&o));
+    // A text column: string functions apply to it.
+    let mut keys: Vec<(serde_json::Value, serde_json::Value)> = read_py(&dir.join("out"))
+        .iter()
+        .map(|r| (r["_key"].clone(), r["shout"].clone()))
+        .collect();
+    keys.sort_by_key(|k| k.0.to_string());
+    assert_eq!(
+        keys,
+        vec![
+            (serde_json::json!("user-1"), serde_json::json!("USER-1")),
+            (serde_json::Value::Null, serde_json::Value::Null),
+        ]
+    );
+    let dead = read_py(&dir.join("bad"));
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["offset"].as_i64(), Some(bad), "{dead:?}");
+    assert!(
+        dead[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("key is not UTF-8")
+    );
+    placed.push((0, bad));
+    assert_eq!(placed, vec![(0, 0), (0, 1), (0, 2)]);
+}

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lakestream_source::Source;
 use lakestream_source::kafka::{
-    EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, StartingOffsets, Topics,
-    ValueFormat,
+    EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, KeyFormat, StartingOffsets,
+    Topics, ValueFormat,
 };
 
 use super::{SourceConnector, TableContext};
@@ -23,6 +23,7 @@ impl SourceConnector for KafkaConnector {
     fn options(&self) -> &'static [&'static str] {
         &[
             "format",
+            "key_format",
             "starting_offsets",
             "starting_timestamp",
             "ending_offsets",
@@ -94,6 +95,20 @@ impl SourceConnector for KafkaConnector {
             Some(other) => {
                 return Err(err(format!(
                     "format {other:?} is not supported: use json, raw or string"
+                )));
+            }
+        };
+        o.key_format = match t
+            .options
+            .get("key_format")
+            .map(|s| s.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("raw") => KeyFormat::Raw,
+            Some("string") => KeyFormat::String,
+            Some(other) => {
+                return Err(err(format!(
+                    "key_format {other:?} is not supported: use raw or string"
                 )));
             }
         };

@@ -18,7 +18,7 @@ pub(super) struct RowBuilder {
     value_schema: SchemaRef,
     raw: BinaryBuilder,
     text: StringBuilder,
-    key: BinaryBuilder,
+    key: KeyColumn,
     topic: StringBuilder,
     partition: Int32Builder,
     offset: Int64Builder,
@@ -27,6 +27,12 @@ pub(super) struct RowBuilder {
     /// Where undecodable records go (`on_error 'dead_letter'`); `None`: a
     /// bad record fails the read.
     rejects: Option<crate::Rejects>,
+}
+
+/// The builder of the `_key` column, by the source's `key_format`.
+enum KeyColumn {
+    Bytes(BinaryBuilder),
+    Text(StringBuilder),
 }
 
 impl RowBuilder {
@@ -42,6 +48,10 @@ impl RowBuilder {
             ValueFormat::Json => Some(json_decoder(&source, &value_schema, batch_size)?),
             _ => None,
         };
+        let key = match schema.field_with_name("_key").map(|f| f.data_type()) {
+            Ok(arrow::datatypes::DataType::Utf8) => KeyColumn::Text(StringBuilder::new()),
+            _ => KeyColumn::Bytes(BinaryBuilder::new()),
+        };
         Ok(Self {
             source,
             schema,
@@ -53,7 +63,7 @@ impl RowBuilder {
             value_schema,
             raw: BinaryBuilder::new(),
             text: StringBuilder::new(),
-            key: BinaryBuilder::new(),
+            key,
             topic: StringBuilder::new(),
             partition: Int32Builder::new(),
             offset: Int64Builder::new(),
@@ -116,6 +126,13 @@ impl RowBuilder {
             offset: m.offset(),
             reason,
         };
+        // A key that is not text where text is wanted: the record is bad
+        // before any builder takes a part of it.
+        if let (KeyColumn::Text(_), Some(k)) = (&self.key, m.key())
+            && let Err(e) = std::str::from_utf8(k)
+        {
+            return self.reject(m, malformed(format!("key is not UTF-8: {e}")));
+        }
         match self.format {
             ValueFormat::Json => {
                 let d = self.json.as_mut().expect("json decoder");
@@ -157,9 +174,13 @@ impl RowBuilder {
                 None => self.text.append_null(),
             },
         }
-        match m.key() {
-            Some(k) => self.key.append_value(k),
-            None => self.key.append_null(),
+        match (&mut self.key, m.key()) {
+            (KeyColumn::Bytes(b), Some(k)) => b.append_value(k),
+            (KeyColumn::Bytes(b), None) => b.append_null(),
+            (KeyColumn::Text(b), Some(k)) => {
+                b.append_value(std::str::from_utf8(k).expect("checked before the value"))
+            }
+            (KeyColumn::Text(b), None) => b.append_null(),
         }
         self.topic.append_value(m.topic());
         self.partition.append_value(m.partition());
@@ -225,7 +246,10 @@ impl RowBuilder {
         };
         self.pending.clear();
         let mut meta: Vec<ArrayRef> = vec![
-            Arc::new(self.key.finish()),
+            match &mut self.key {
+                KeyColumn::Bytes(b) => Arc::new(b.finish()),
+                KeyColumn::Text(b) => Arc::new(b.finish()),
+            },
             Arc::new(self.topic.finish()),
             Arc::new(self.partition.finish()),
             Arc::new(self.offset.finish()),

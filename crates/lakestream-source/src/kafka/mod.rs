@@ -59,6 +59,17 @@ pub enum ValueFormat {
     String,
 }
 
+/// How record keys are turned into the `_key` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyFormat {
+    /// The key as bytes (`BINARY`).
+    #[default]
+    Raw,
+    /// The key as UTF-8 text (`VARCHAR`); a key that is not UTF-8 is a bad
+    /// record.
+    String,
+}
+
 /// Where a partition starts when the query first sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StartingOffsets {
@@ -180,6 +191,8 @@ pub struct KafkaSourceOptions {
     pub topics: Topics,
     /// How values are decoded.
     pub format: ValueFormat,
+    /// How keys are decoded.
+    pub key_format: KeyFormat,
     /// Where new partitions of the first batch start.
     pub starting_offsets: StartingOffsets,
     /// Makes the source bounded (backfills).
@@ -231,6 +244,7 @@ impl KafkaSourceOptions {
             bootstrap_servers: bootstrap_servers.to_string(),
             topics,
             format: ValueFormat::Json,
+            key_format: KeyFormat::Raw,
             starting_offsets: StartingOffsets::Earliest,
             ending_offsets: None,
             max_offsets_per_trigger: None,
@@ -588,9 +602,13 @@ pub const METADATA_COLUMNS: [&str; 6] = [
     "_headers",
 ];
 
-fn metadata_fields() -> Vec<Field> {
+fn metadata_fields(key_format: KeyFormat) -> Vec<Field> {
+    let key = match key_format {
+        KeyFormat::Raw => DataType::Binary,
+        KeyFormat::String => DataType::Utf8,
+    };
     vec![
-        Field::new("_key", DataType::Binary, true),
+        Field::new("_key", key, true),
         Field::new("_topic", DataType::Utf8, false),
         Field::new("_partition", DataType::Int32, false),
         Field::new("_offset", DataType::Int64, false),
@@ -644,7 +662,7 @@ impl KafkaSource {
             .iter()
             .map(|f| f.as_ref().clone())
             .collect();
-        for m in metadata_fields() {
+        for m in metadata_fields(options.key_format) {
             if fields.iter().any(|f| f.name() == m.name()) {
                 return Err(Error::InvalidOption {
                     source_name: name.to_string(),
