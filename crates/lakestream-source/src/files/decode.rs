@@ -543,7 +543,7 @@ pub(super) fn read_chunk(local: bool) -> u64 {
 /// the core away: beside one or two busy loops the backfill ran at 0.83-0.88x of
 /// the raw floor that way and at 0.89-0.99x reading cached ranges here,
 /// with 60% fewer voluntary context switches; on a quiet machine the two
-/// are even (docs/benchmarks.md, tenth session).
+/// are even (docs/benchmarks.md).
 pub(super) fn ranged_chunks(
     store: Arc<dyn ObjectStore>,
     path: Path,
