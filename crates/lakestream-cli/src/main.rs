@@ -545,9 +545,14 @@ fn main() -> ExitCode {
         .init();
     let cli = {
         use clap::{CommandFactory, FromArgMatches};
-        // Built once per process; clap takes a static string.
-        let long: &'static str = Box::leak(long_version().into_boxed_str());
-        let matches = Cli::command().long_version(long).get_matches();
+        // Only `--version` shows it: no Kafka client configuration is made
+        // at every start. Built once; clap takes a static string.
+        let mut command = Cli::command();
+        if std::env::args().any(|a| a == "--version") {
+            let long: &'static str = Box::leak(long_version().into_boxed_str());
+            command = command.long_version(long);
+        }
+        let matches = command.get_matches();
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -47,6 +47,9 @@ pub struct StaticDeltaTable {
     schema: SchemaRef,
     /// The version read when no batch names one (planning at start).
     start_version: u64,
+    /// The table's log, asked for its latest version as each batch is
+    /// planned.
+    log_store: deltalake::logstore::LogStoreRef,
     /// The version last loaded, with its provider.
     loaded: tokio::sync::Mutex<(u64, Arc<dyn TableProvider>)>,
 }
@@ -105,6 +108,7 @@ impl StaticDeltaTable {
         Ok(Arc::new(Self {
             name: name.to_string(),
             schema: provider.schema(),
+            log_store: table.log_store(),
             location,
             pinned,
             start_version,
@@ -123,15 +127,7 @@ impl StaticDeltaTable {
             return Ok(v);
         }
         let known = self.loaded.lock().await.0;
-        let log_store = lakestream_sink::delta::open_table(&self.location)
-            .map_err(|e| {
-                Error::Sink(Box::new(lakestream_sink::Error::Table {
-                    table: self.location.url().to_string(),
-                    source: Box::new(e),
-                }))
-            })?
-            .log_store();
-        log_store.get_latest_version(known).await.map_err(|e| {
+        self.log_store.get_latest_version(known).await.map_err(|e| {
             Error::Sink(Box::new(lakestream_sink::Error::Table {
                 table: self.location.url().to_string(),
                 source: Box::new(e),

@@ -500,6 +500,23 @@ pub(crate) fn produce_py(
     settings: &[(&str, &str)],
     records: &[(Option<String>, String, i32)],
 ) -> Vec<(i32, i64)> {
+    let lines: Vec<serde_json::Value> = records
+        .iter()
+        .map(|(key, value, partition)| {
+            serde_json::json!({"key": key, "value": value, "partition": partition})
+        })
+        .collect();
+    produce_py_lines(broker, topic, settings, &lines)
+}
+
+/// [`produce_py`] with the records as `tests/py/produce.py` takes them
+/// (`{"key" | "key_hex", "value", "partition"}`).
+pub(crate) fn produce_py_lines(
+    broker: &Broker,
+    topic: &str,
+    settings: &[(&str, &str)],
+    lines: &[serde_json::Value],
+) -> Vec<(i32, i64)> {
     use std::io::Write;
     let mut conf = serde_json::Map::new();
     for (k, v) in broker.client_settings() {
@@ -519,10 +536,8 @@ pub(crate) fn produce_py(
         .spawn()
         .expect("run python");
     let mut input = String::new();
-    for (key, value, partition) in records {
-        input.push_str(
-            &serde_json::json!({"key": key, "value": value, "partition": partition}).to_string(),
-        );
+    for line in lines {
+        input.push_str(&line.to_string());
         input.push('\n');
     }
     child

@@ -899,6 +899,18 @@ fn feed_by_version(
     by
 }
 
+/// `dir/per_user`: `(user_id long, n long)` with its change data feed
+/// enabled, made by Python `deltalake`.
+fn per_user_with_feed(dir: &Path) {
+    make_table_py(
+        &dir.join("per_user"),
+        &json!({
+            "columns": [{"name": "user_id", "type": "long"}, {"name": "n", "type": "long"}],
+            "configuration": {"delta.enableChangeDataFeed": "true"}
+        }),
+    );
+}
+
 #[test]
 fn update_mode_writes_the_change_data_feed_once_per_batch_under_kill_9() {
     let tmp = tempfile::tempdir().unwrap();
@@ -947,13 +959,7 @@ fn complete_mode_writes_only_the_groups_that_changed_to_the_change_data_feed() {
         let body: String = users.into_iter().map(line).collect();
         std::fs::write(dir.join("in").join(format!("{name}.json")), body).unwrap();
     }
-    make_table_py(
-        &dir.join("per_user"),
-        &json!({
-            "columns": [{"name": "user_id", "type": "long"}, {"name": "n", "type": "long"}],
-            "configuration": {"delta.enableChangeDataFeed": "true"}
-        }),
-    );
+    per_user_with_feed(dir);
     job(
         dir,
         "",
@@ -1004,13 +1010,7 @@ fn changes(rows: &[Value]) -> Vec<(String, i64, i64, i64)> {
 /// `per_user`, a table made with its change data feed enabled.
 fn counts_job(dir: &Path, files: usize) {
     events(dir, files);
-    make_table_py(
-        &dir.join("per_user"),
-        &json!({
-            "columns": [{"name": "user_id", "type": "long"}, {"name": "n", "type": "long"}],
-            "configuration": {"delta.enableChangeDataFeed": "true"}
-        }),
-    );
+    per_user_with_feed(dir);
     job(
         dir,
         "",

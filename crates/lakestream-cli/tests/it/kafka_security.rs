@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::broker::{
     Broker, CLIENT_KEY_PASSWORD, TlsOptions, assert_records_once, kafka_job, make_ca, orders,
-    produce_py,
+    produce_py, produce_py_lines,
 };
 use crate::common::*;
 use crate::kafka::{expected_ids, order_ids};
@@ -429,24 +429,13 @@ fn string_keys_are_text_and_a_key_that_is_not_utf8_is_a_bad_record() {
         ],
     );
     // A key of bytes that are not UTF-8, through the producer's hex form.
-    let bad = {
-        use std::io::Write;
-        let mut child = std::process::Command::new(python())
-            .arg(root().join("tests/py/produce.py"))
-            .arg(broker.bootstrap())
-            .arg("orders")
-            .arg("{}")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let line = serde_json::json!({"key_hex": "fffe00", "value": values[2].1, "partition": 0});
-        writeln!(child.stdin.take().unwrap(), "{line}").unwrap();
-        let o = child.wait_with_output().unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        v["offset"].as_i64().unwrap()
-    };
+    let bad = produce_py_lines(
+        &broker,
+        "orders",
+        &[],
+        &[serde_json::json!({"key_hex": "fffe00", "value": values[2].1, "partition": 0})],
+    )[0]
+    .1;
     // Without dead letters the batch fails naming the record.
     let tmp = job_dir(&broker, "orders", "'key_format' 'string'");
     let o = run_in(tmp.path(), &RUN_JOB);

@@ -575,9 +575,27 @@ impl ConsumerContext for PlannerContext {}
 /// Serve the events queued on a client that only asks for metadata: its
 /// log lines and errors (rdkafka queues them until the client is polled;
 /// unserved, they would pile up for the life of the query). Each poll
-/// serves at most one event, so this polls a bounded number of times.
+/// serves at most one event; an empty queue costs one length look-up.
 pub(super) fn serve_events<X: ConsumerContext>(consumer: &BaseConsumer<X>) {
+    use rdkafka::bindings as rd;
+    let queued = || {
+        // SAFETY: the client outlives this call; the queue handle taken
+        // here is released before returning.
+        unsafe {
+            let q = rd::rd_kafka_queue_get_consumer(consumer.client().native_ptr());
+            if q.is_null() {
+                return 0;
+            }
+            let n = rd::rd_kafka_queue_length(q);
+            rd::rd_kafka_queue_destroy(q);
+            n
+        }
+    };
+    // Bounded: events keep coming while a broker is down.
     for _ in 0..256 {
+        if queued() == 0 {
+            break;
+        }
         if let Some(Ok(_)) = consumer.poll(Duration::ZERO) {
             // No partition is assigned: no message can come.
             break;
