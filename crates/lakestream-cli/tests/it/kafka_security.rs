@@ -487,3 +487,100 @@ fn string_keys_are_text_and_a_key_that_is_not_utf8_is_a_bad_record() {
     placed.push((0, bad));
     assert_eq!(placed, vec![(0, 0), (0, 1), (0, 2)]);
 }
+
+#[test]
+fn settings_come_from_a_properties_file_and_the_environment_never_the_job_file() {
+    let broker = Broker::start_tls_with(TlsOptions {
+        client_certificate: true,
+        ..TlsOptions::default()
+    });
+    broker.create_topic("orders", 2);
+    let placed = produce_py(&broker, "orders", &[], &small_orders(30, 2));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The file a Kafka client would read, brokers included; the key's
+    // password comes from the environment.
+    let mut props = format!(
+        "# client settings\nbootstrap.servers = {}\n",
+        broker.bootstrap()
+    );
+    for (k, v) in broker.client_settings() {
+        let v = if k == "ssl.key.password" {
+            "${env:LS_TEST_KEY_PASSWORD}".to_string()
+        } else {
+            v
+        };
+        props.push_str(&format!("{k}={v}\n"));
+    }
+    std::fs::write(dir.join("client.properties"), props).unwrap();
+    let job = kafka_job("", "orders", "out", "'properties_file' 'client.properties'");
+    assert!(job.contains("'kafka:///orders'"), "{job}");
+    std::fs::write(dir.join("job.sql"), &job).unwrap();
+
+    // Unset, the variable is named and nothing runs.
+    let o = bin()
+        .current_dir(dir)
+        .args(RUN_JOB)
+        .env_remove("LS_TEST_KEY_PASSWORD")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = error_line(&o);
+    assert!(
+        err.contains("LS_TEST_KEY_PASSWORD") && err.contains("not set"),
+        "{err}"
+    );
+    assert!(!dir.join("out").exists());
+
+    let o = bin()
+        .current_dir(dir)
+        .args(RUN_JOB)
+        .env("LS_TEST_KEY_PASSWORD", CLIENT_KEY_PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_records_once(&read_py(&dir.join("out")), &placed);
+    assert!(
+        !text(&o).contains(CLIENT_KEY_PASSWORD),
+        "a secret was printed"
+    );
+
+    // A `kafka.*` option wins over the file: a wrong password in the job
+    // (from another variable) is what the client uses, and it fails.
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(
+            "",
+            "orders",
+            "out2",
+            "'properties_file' 'client.properties', 'kafka.ssl.key.password' '${env:LS_TEST_WRONG}'",
+        ),
+    )
+    .unwrap();
+    let o = bin()
+        .current_dir(dir)
+        .args(RUN_JOB)
+        .env("LS_TEST_KEY_PASSWORD", CLIENT_KEY_PASSWORD)
+        .env("LS_TEST_WRONG", "not-the-password")
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("not-the-password"), "{}", text(&o));
+    assert!(!dir.join("out2").exists());
+
+    // A file that sets what the reader owns is refused, naming the key.
+    std::fs::write(dir.join("bad.properties"), "group.id=shared-app\n").unwrap();
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(
+            &broker.bootstrap(),
+            "orders",
+            "out3",
+            "'properties_file' 'bad.properties'",
+        ),
+    )
+    .unwrap();
+    let o = run_in(dir, &RUN_JOB);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(error_line(&o).contains("group.id"), "{}", text(&o));
+}

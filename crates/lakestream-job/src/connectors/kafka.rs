@@ -1,14 +1,17 @@
 //! `STORED AS KAFKA`: topics read exactly once by explicit offset range.
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use lakestream_source::Source;
 use lakestream_source::kafka::{
-    EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, KeyFormat, StartingOffsets,
-    Topics, ValueFormat,
+    EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, KeyFormat,
+    RESERVED_CLIENT_KEYS, StartingOffsets, Topics, ValueFormat,
 };
 
+use super::settings::{expand_env, read_properties};
 use super::{SourceConnector, TableContext};
 use crate::{Error, Result};
 
@@ -41,6 +44,7 @@ impl SourceConnector for KafkaConnector {
             "dead_letter_location",
             "partitions",
             "group_id",
+            "properties_file",
         ]
     }
 
@@ -79,10 +83,25 @@ impl SourceConnector for KafkaConnector {
                 )));
             }
         };
-        if servers.is_empty() {
-            return Err(err("no bootstrap servers in LOCATION".into()));
-        }
-        let mut o = KafkaSourceOptions::new(servers, topics);
+        let settings = client_settings(ctx)?;
+        let servers = match (servers, settings.get("bootstrap.servers")) {
+            ("", None) => {
+                return Err(err("no bootstrap servers: name them in LOCATION \
+                     ('kafka://HOST:PORT/TOPIC') or as bootstrap.servers in the \
+                     properties_file"
+                    .into()));
+            }
+            ("", Some(s)) => s.clone(),
+            (s, Some(other)) if s != other => {
+                return Err(err(format!(
+                    "LOCATION names the brokers {s} but bootstrap.servers is {other}: give \
+                     them once (write LOCATION 'kafka:///TOPIC' to take them from the \
+                     settings)"
+                )));
+            }
+            (s, _) => s.to_string(),
+        };
+        let mut o = KafkaSourceOptions::new(&servers, topics);
         o.format = match t
             .options
             .get("format")
@@ -220,15 +239,47 @@ impl SourceConnector for KafkaConnector {
                 ))
             })?;
         }
-        for (k, v) in &t.options {
-            if let Some(rest) = k.strip_prefix("kafka.") {
-                o.client_config.insert(rest.to_string(), v.clone());
-            }
-        }
+        o.client_config = settings;
+        o.client_config.remove("bootstrap.servers");
         Ok(Arc::new(KafkaSource::try_new(
             &t.name,
             t.schema.clone(),
             o,
         )?))
     }
+}
+
+/// The librdkafka settings of a Kafka table: those of its
+/// `properties_file` (Java properties, as Kafka clients read them), then
+/// its `kafka.*` options, which win; `${env:NAME}` references expanded in
+/// both. A file may not set what the exactly-once reader owns.
+fn client_settings(ctx: &TableContext<'_>) -> Result<BTreeMap<String, String>> {
+    let t = ctx.table();
+    let mut settings = BTreeMap::new();
+    if let Some(path) = ctx.option("properties_file") {
+        let pairs = read_properties(Path::new(path))
+            .map_err(|m| ctx.error(format!("option properties_file of {}: {m}", t.name)))?;
+        for (k, v) in pairs {
+            let lower = k.to_ascii_lowercase();
+            // The brokers may come from the file (checked against LOCATION).
+            let reserved = RESERVED_CLIENT_KEYS
+                .iter()
+                .find(|(r, _)| *r == lower && lower != "bootstrap.servers");
+            if let Some((_, why)) = reserved {
+                return Err(ctx.error(format!(
+                    "the properties_file {path} of {} sets {k}, which the exactly-once reader \
+                     sets itself: {why}. Remove it from the file",
+                    t.name
+                )));
+            }
+            settings.insert(k, v);
+        }
+    }
+    for (k, v) in &t.options {
+        if let Some(rest) = k.strip_prefix("kafka.") {
+            let v = expand_env(k, v).map_err(|m| ctx.error(format!("{m} (table {})", t.name)))?;
+            settings.insert(rest.to_string(), v);
+        }
+    }
+    Ok(settings)
 }

@@ -25,6 +25,7 @@ pub mod delta;
 pub mod files;
 pub mod generator;
 pub mod kafka;
+pub mod settings;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
