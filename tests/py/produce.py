@@ -8,7 +8,11 @@ CONFIG_JSON: producer settings added to the defaults (for example
 {"compression.type": "zstd", "security.protocol": "SSL",
 "ssl.ca.location": "ca.pem"}). Each input line is a JSON object
 {"key": str or null, "value": str, "partition": int}, or "key_hex" for
-a key of any bytes. One record per
+a key of any bytes, "value_hex" for a value of any bytes, or
+"avro_schema" (an Avro schema's JSON) with "avro_value" (the record as a
+JSON object): serialized by the client's AvroSerializer in the Confluent
+wire format, the schema registered with the registry that CONFIG_JSON's
+"schema.registry.url" (and "basic.auth.user.info") names. One record per
 produce request (batch.num.messages=1), since tansu's high watermark is
 exact only then. Prints one JSON line per record, in input order:
 {"partition": p, "offset": o}.
@@ -17,6 +21,8 @@ import json
 import sys
 
 from confluent_kafka import Producer
+
+REGISTRY_KEYS = ("schema.registry.url", "basic.auth.user.info")
 
 
 def main() -> None:
@@ -28,6 +34,20 @@ def main() -> None:
         "message.timeout.ms": 30000,
         **extra,
     }
+    registry_conf = {k.removeprefix("schema.registry."): conf.pop(k) for k in REGISTRY_KEYS if k in conf}
+    serializers = {}
+
+    def avro(schema, value):
+        if schema not in serializers:
+            from confluent_kafka.schema_registry import SchemaRegistryClient
+            from confluent_kafka.schema_registry.avro import AvroSerializer
+
+            client = SchemaRegistryClient(registry_conf)
+            serializers[schema] = AvroSerializer(client, schema)
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        return serializers[schema](value, SerializationContext(topic, MessageField.VALUE))
+
     producer = Producer(conf)
     records = [json.loads(line) for line in sys.stdin if line.strip()]
     placed = [None] * len(records)
@@ -45,9 +65,15 @@ def main() -> None:
     for i, r in enumerate(records):
         key = r.get("key")
         key = bytes.fromhex(r["key_hex"]) if "key_hex" in r else key and key.encode()
+        if "avro_schema" in r:
+            value = avro(r["avro_schema"], r["avro_value"])
+        elif "value_hex" in r:
+            value = bytes.fromhex(r["value_hex"])
+        else:
+            value = r["value"].encode()
         producer.produce(
             topic,
-            value=r["value"].encode(),
+            value=value,
             key=key,
             partition=r.get("partition", 0),
             on_delivery=report(i),

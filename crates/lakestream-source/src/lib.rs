@@ -119,6 +119,21 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The schema registry could not be asked, or gave an answer the
+    /// source cannot use.
+    #[error("source {source_name}: schema registry {url}: {what}: {reason}")]
+    SchemaRegistry {
+        /// The source's table name.
+        source_name: String,
+        /// The registry's URL(s).
+        url: String,
+        /// What was asked.
+        what: String,
+        /// What went wrong and what to do.
+        reason: String,
+        /// Whether retrying later may succeed (registry down, timeout).
+        transient: bool,
+    },
     /// A file's columns do not fit the source's schema.
     #[error("source {source_name}: {file} does not match the declared schema: {reason}")]
     Schema {
@@ -215,7 +230,7 @@ impl Error {
     /// exhausted) and fails the query with the store's message.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Kafka { transient, .. } => *transient,
+            Error::Kafka { transient, .. } | Error::SchemaRegistry { transient, .. } => *transient,
             // Reading the table's positions while planning changes nothing:
             // a store hiccup is retried like an unreachable broker.
             Error::Positions { .. } => true,

@@ -610,3 +610,28 @@ pub(crate) fn windowed_job(input: &str, table: &str, mode: &str) -> String {
         input, table
     )
 }
+
+/// Start `tests/py/<script>` with `args`: a loopback server that prints
+/// its port as its first line. Returns the process and the port.
+pub(crate) fn spawn_py_server(
+    script: &str,
+    args: &[&std::ffi::OsStr],
+) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut child = Command::new(python())
+        .arg(root().join("tests/py").join(script))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run python");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{script} printed no port: {line:?}"));
+    (child, port)
+}

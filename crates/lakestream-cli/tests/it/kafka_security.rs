@@ -284,19 +284,9 @@ struct TokenServer {
 
 impl TokenServer {
     fn start() -> Self {
-        use std::io::BufRead;
         let dir = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new(python())
-            .arg(root().join("tests/py/token_server.py"))
-            .arg(dir.path().join("requests.jsonl"))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("run python");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().parse().expect("the token server's port");
+        let requests = dir.path().join("requests.jsonl");
+        let (child, port) = spawn_py_server("token_server.py", &[requests.as_os_str()]);
         Self { child, port, dir }
     }
 

@@ -14,6 +14,7 @@ mod faults;
 mod features;
 mod group;
 mod kafka;
+mod kafka_avro;
 mod kafka_security;
 mod maintenance;
 mod ops;

@@ -6,6 +6,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lakestream_source::Source;
+use lakestream_source::kafka::registry::{
+    AvroValues, RegistryOptions, SchemaRegistry, project_reader_schema,
+};
 use lakestream_source::kafka::{
     EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, KeyFormat,
     RESERVED_CLIENT_KEYS, StartingOffsets, Topics, ValueFormat,
@@ -45,6 +48,11 @@ impl SourceConnector for KafkaConnector {
             "partitions",
             "group_id",
             "properties_file",
+            "schema_registry_url",
+            "schema_registry_user",
+            "schema_registry_password",
+            "schema_registry_ca_location",
+            "value_subject",
         ]
     }
 
@@ -83,7 +91,13 @@ impl SourceConnector for KafkaConnector {
                 )));
             }
         };
-        let settings = client_settings(ctx)?;
+        let mut settings = client_settings(ctx)?;
+        // Kafka clients' files carry the registry's settings too.
+        let registry_file: BTreeMap<String, String> = settings
+            .extract_if(.., |k, _| {
+                k.starts_with("schema.registry.") || k.starts_with("basic.auth.")
+            })
+            .collect();
         let servers = match (servers, settings.get("bootstrap.servers")) {
             ("", None) => {
                 return Err(err("no bootstrap servers: name them in LOCATION \
@@ -102,21 +116,6 @@ impl SourceConnector for KafkaConnector {
             (s, _) => s.to_string(),
         };
         let mut o = KafkaSourceOptions::new(&servers, topics);
-        o.format = match t
-            .options
-            .get("format")
-            .map(|s| s.to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("json") => ValueFormat::Json,
-            Some("raw") => ValueFormat::Raw,
-            Some("string") => ValueFormat::String,
-            Some(other) => {
-                return Err(err(format!(
-                    "format {other:?} is not supported: use json, raw or string"
-                )));
-            }
-        };
         o.key_format = match t
             .options
             .get("key_format")
@@ -239,6 +238,29 @@ impl SourceConnector for KafkaConnector {
                 ))
             })?;
         }
+        o.format = match t
+            .options
+            .get("format")
+            .map(|s| s.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("json") => ValueFormat::Json,
+            Some("raw") => ValueFormat::Raw,
+            Some("string") => ValueFormat::String,
+            Some("avro") => ValueFormat::Avro(avro_values(ctx, &o, &registry_file).await?),
+            Some(other) => {
+                return Err(err(format!(
+                    "format {other:?} is not supported: use json, avro, raw or string"
+                )));
+            }
+        };
+        if !matches!(o.format, ValueFormat::Avro(_)) {
+            for key in ["schema_registry_url", "value_subject"] {
+                if ctx.option(key).is_some() {
+                    return Err(err(format!("option {key} needs 'format' 'avro'")));
+                }
+            }
+        }
         o.client_config = settings;
         o.client_config.remove("bootstrap.servers");
         Ok(Arc::new(KafkaSource::try_new(
@@ -282,4 +304,134 @@ fn client_settings(ctx: &TableContext<'_>) -> Result<BTreeMap<String, String>> {
         }
     }
     Ok(settings)
+}
+
+/// The key of the reader schema an Avro Kafka source keeps in the
+/// checkpoint (`sources/<table>/avro_reader_schema`).
+const READER_SCHEMA_STATE: &str = "avro_reader_schema";
+
+/// `format 'avro'`: the registry client, and the reader schema: the value
+/// subject's latest schema when the query first ran (kept in the
+/// checkpoint, so a restart resolves every record the same way), cut
+/// down to the declared columns.
+async fn avro_values(
+    ctx: &TableContext<'_>,
+    o: &KafkaSourceOptions,
+    from_file: &BTreeMap<String, String>,
+) -> Result<AvroValues> {
+    let t = ctx.table();
+    let setting = |key: &str, file_key: &str| -> Result<Option<String>> {
+        match ctx.option(key) {
+            Some(v) => expand_env(key, v)
+                .map(Some)
+                .map_err(|m| ctx.error(format!("{m} (table {})", t.name))),
+            None => Ok(from_file.get(file_key).cloned()),
+        }
+    };
+    let urls = setting("schema_registry_url", "schema.registry.url")?.ok_or_else(|| {
+        ctx.error(format!(
+            "format 'avro' of {} needs 'schema_registry_url' (the Confluent-compatible \
+             registry the values' schema ids refer to)",
+            t.name
+        ))
+    })?;
+    let user_info = from_file
+        .get("basic.auth.user.info")
+        .and_then(|ui| ui.split_once(':'))
+        .map(|(u, p)| (u.to_string(), p.to_string()));
+    let basic_auth = match (
+        setting("schema_registry_user", "")?,
+        setting("schema_registry_password", "")?,
+    ) {
+        (Some(u), Some(p)) => Some((u, p)),
+        (None, None) => user_info,
+        _ => {
+            return Err(ctx.error(format!(
+                "{}: give both schema_registry_user and schema_registry_password, or neither",
+                t.name
+            )));
+        }
+    };
+    let registry = Arc::new(SchemaRegistry::new(
+        &t.name,
+        RegistryOptions {
+            urls: urls
+                .split(',')
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty())
+                .collect(),
+            basic_auth,
+            ca_location: setting(
+                "schema_registry_ca_location",
+                "schema.registry.ssl.ca.location",
+            )?,
+            request_timeout: o.request_timeout,
+        },
+    )?);
+    let subject = match (ctx.option("value_subject"), &o.topics) {
+        (Some(s), _) => s.to_string(),
+        (None, Topics::List(topics)) if topics.len() == 1 => format!("{}-value", topics[0]),
+        (None, _) => {
+            return Err(ctx.error(format!(
+                "format 'avro' of {} reads several topics: name the subject whose latest \
+                 schema gives the columns with 'value_subject'",
+                t.name
+            )));
+        }
+    };
+    let stored = lakestream_checkpoint::read_source_state(
+        ctx.checkpoint(),
+        ctx.storage_options(),
+        &t.name,
+        READER_SCHEMA_STATE,
+    )
+    .await?;
+    let pinned = match stored {
+        Some(v) => v,
+        None => {
+            let latest = registry.latest(&t.name, &subject).await?;
+            lakestream_checkpoint::init_source_state(
+                ctx.checkpoint(),
+                ctx.storage_options(),
+                &t.name,
+                READER_SCHEMA_STATE,
+                serde_json::json!({
+                    "subject": latest.subject,
+                    "version": latest.version,
+                    "id": latest.id,
+                    "schema": latest.schema,
+                }),
+            )
+            .await?
+        }
+    };
+    let Some(schema) = pinned.get("schema").and_then(|s| s.as_str()) else {
+        return Err(lakestream_checkpoint::Error::Corrupt {
+            file: format!(
+                "{}/sources/{}/{READER_SCHEMA_STATE}",
+                ctx.checkpoint().trim_end_matches('/'),
+                t.name
+            ),
+            reason: "no \"schema\" in the stored reader schema".into(),
+        }
+        .into());
+    };
+    let reader_schema = match &t.schema {
+        Some(cols) if !cols.fields().is_empty() => {
+            project_reader_schema(schema, cols).map_err(|m| {
+                ctx.error(format!(
+                    "{} (the value schema of subject {subject} version {}, kept in the \
+                     checkpoint since the query's first run)",
+                    m,
+                    pinned.get("version").unwrap_or(&serde_json::Value::Null)
+                ))
+            })?
+        }
+        _ => schema.to_string(),
+    };
+    Ok(AvroValues {
+        registry,
+        subject,
+        reader_schema,
+    })
 }

@@ -1,7 +1,8 @@
 //! Records to rows: the metadata columns (topic, partition, offset,
-//! timestamp, key, headers) and the value decoded as JSON, text or bytes,
-//! with malformed records named by topic, partition and offset.
+//! timestamp, key, headers) and the value decoded as JSON, Avro, text or
+//! bytes, with malformed records named by topic, partition and offset.
 
+use super::registry::{AvroValues, Registered, cast_columns, decoder_for, framed_schema_id};
 use super::*;
 
 /// Builds record batches from messages: value columns plus metadata.
@@ -15,6 +16,7 @@ pub(super) struct RowBuilder {
     batch_size: usize,
     rows: usize,
     json: Option<arrow::json::reader::Decoder>,
+    avro: Option<AvroRows>,
     value_schema: SchemaRef,
     raw: BinaryBuilder,
     text: StringBuilder,
@@ -48,6 +50,19 @@ impl RowBuilder {
             ValueFormat::Json => Some(json_decoder(&source, &value_schema, batch_size)?),
             _ => None,
         };
+        let avro = match &format {
+            ValueFormat::Avro(values) => Some(AvroRows {
+                values: values.clone(),
+                value_schema: value_schema.clone(),
+                batch_size,
+                decoders: HashMap::new(),
+                current: None,
+                keep_pending: rejects.is_some(),
+                pending: Vec::new(),
+                done: Vec::new(),
+            }),
+            _ => None,
+        };
         let key = match schema.field_with_name("_key").map(|f| f.data_type()) {
             Ok(arrow::datatypes::DataType::Utf8) => KeyColumn::Text(StringBuilder::new()),
             _ => KeyColumn::Bytes(BinaryBuilder::new()),
@@ -60,6 +75,7 @@ impl RowBuilder {
             batch_size,
             rows: 0,
             json,
+            avro,
             value_schema,
             raw: BinaryBuilder::new(),
             text: StringBuilder::new(),
@@ -114,6 +130,22 @@ impl RowBuilder {
         Ok(())
     }
 
+    /// The schema id of `m`'s value, and the registry to fetch it from,
+    /// when it is an Avro value whose writer schema has not been fetched
+    /// yet: fetch it before [`RowBuilder::push`].
+    pub(super) fn missing_schema(
+        &self,
+        m: &impl Message,
+    ) -> Option<(u32, Arc<super::registry::SchemaRegistry>)> {
+        let a = self.avro.as_ref()?;
+        let id = framed_schema_id(m.payload()).ok()?;
+        a.values
+            .registry
+            .cached(id)
+            .is_none()
+            .then(|| (id, a.values.registry.clone()))
+    }
+
     pub(super) fn is_full(&self) -> bool {
         self.rows >= self.batch_size
     }
@@ -133,7 +165,13 @@ impl RowBuilder {
         {
             return self.reject(m, malformed(format!("key is not UTF-8: {e}")));
         }
-        match self.format {
+        match &self.format {
+            ValueFormat::Avro(_) => {
+                let pushed = self.avro.as_mut().expect("avro decoder").push(m.payload());
+                if let Err(reason) = pushed {
+                    return self.reject(m, malformed(reason));
+                }
+            }
             ValueFormat::Json => {
                 let d = self.json.as_mut().expect("json decoder");
                 let before = d.len();
@@ -218,7 +256,18 @@ impl RowBuilder {
         // With dead letters, the records whose values fail the schema (a
         // type error shows at flush) are left out: `keep` says which.
         let mut keep: Option<arrow::array::BooleanArray> = None;
-        let mut cols: Vec<ArrayRef> = match self.format {
+        let mut cols: Vec<ArrayRef> = match &self.format {
+            ValueFormat::Avro(_) => {
+                self.avro
+                    .as_mut()
+                    .expect("avro decoder")
+                    .finish()
+                    .map_err(|reason| Error::Schema {
+                        source_name: self.source.clone(),
+                        file: "kafka".into(),
+                        reason,
+                    })?
+            }
             ValueFormat::Json => {
                 let flushed = self.json.as_mut().expect("json decoder").flush();
                 let batch = match flushed {
@@ -371,4 +420,132 @@ fn json_decoder(
             option: "columns".into(),
             reason: e.to_string(),
         })
+}
+
+/// The value columns of Avro records: one decoder per writer schema id,
+/// each resolving to the reader schema. Records are decoded in arrival
+/// order; a change of schema id closes the rows decoded so far.
+struct AvroRows {
+    values: AvroValues,
+    value_schema: SchemaRef,
+    batch_size: usize,
+    /// Per writer schema id: its decoder, or why it cannot resolve to the
+    /// reader schema.
+    decoders: HashMap<u32, std::result::Result<arrow_avro::reader::Decoder, String>>,
+    /// The id of the decoder holding undelivered rows.
+    current: Option<u32>,
+    /// With dead letters: the values in `current`'s decoder, to decode
+    /// again after a bad one left it in an unknown state.
+    keep_pending: bool,
+    pending: Vec<Vec<u8>>,
+    /// Rows decoded under earlier schema ids, cast to the columns.
+    done: Vec<RecordBatch>,
+}
+
+impl AvroRows {
+    /// Decode one value; `Err` says why it is a bad record (nothing of it
+    /// was kept).
+    fn push(&mut self, payload: Option<&[u8]>) -> std::result::Result<(), String> {
+        let id = framed_schema_id(payload)?;
+        let p = payload.expect("framed");
+        let writer = match self.values.registry.cached(id) {
+            Some(Registered::Avro(w)) => w,
+            Some(Registered::Unknown) => {
+                return Err(format!(
+                    "schema id {id} is not known to the schema registry {}",
+                    self.values.registry.urls()
+                ));
+            }
+            Some(Registered::OtherType(t)) => {
+                return Err(format!(
+                    "schema id {id} is a {t} schema in the registry, not Avro"
+                ));
+            }
+            None => return Err(format!("schema id {id} was not fetched from the registry")),
+        };
+        if self.current != Some(id) {
+            self.flush_current()?;
+            self.current = Some(id);
+        }
+        let reader = &self.values.reader_schema;
+        let batch_size = self.batch_size;
+        let d = self
+            .decoders
+            .entry(id)
+            .or_insert_with(|| decoder_for(id, &writer, reader, batch_size));
+        let d = match d {
+            Ok(d) => d,
+            Err(e) => {
+                return Err(format!(
+                    "schema id {id} cannot be resolved to the columns (subject {}): {e}",
+                    self.values.subject
+                ));
+            }
+        };
+        let reason = match d.decode(p) {
+            Ok(n) if n == p.len() => {
+                if self.keep_pending {
+                    self.pending.push(p.to_vec());
+                }
+                return Ok(());
+            }
+            Ok(n) => format!(
+                "the Avro body of schema id {id} does not match its schema ({} of {} bytes \
+                 read)",
+                n,
+                p.len()
+            ),
+            Err(e) => format!("the Avro body does not decode with schema id {id}: {e}"),
+        };
+        if self.keep_pending {
+            // The failed value may have left part of a row in the decoder:
+            // a fresh one takes the values before it again.
+            let mut fresh = decoder_for(id, &writer, reader, batch_size)?;
+            for v in &self.pending {
+                fresh
+                    .decode(v)
+                    .map_err(|e| format!("a value that decoded before no longer does: {e}"))?;
+            }
+            self.decoders.insert(id, Ok(fresh));
+        }
+        Err(reason)
+    }
+
+    /// Close the rows of the current schema id into `done`.
+    fn flush_current(&mut self) -> std::result::Result<(), String> {
+        self.pending.clear();
+        let Some(id) = self.current.take() else {
+            return Ok(());
+        };
+        if let Some(Ok(d)) = self.decoders.get_mut(&id)
+            && let Some(b) = d.flush().map_err(|e| e.to_string())?
+        {
+            let cols = cast_columns(&b, &self.value_schema)?;
+            let b = RecordBatch::try_new_with_options(
+                self.value_schema.clone(),
+                cols,
+                &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(b.num_rows())),
+            )
+            .map_err(|e| e.to_string())?;
+            self.done.push(b);
+        }
+        Ok(())
+    }
+
+    /// The value columns of every row pushed since the last call.
+    fn finish(&mut self) -> std::result::Result<Vec<ArrayRef>, String> {
+        self.flush_current()?;
+        let done = std::mem::take(&mut self.done);
+        if done.is_empty() {
+            return Ok(self
+                .value_schema
+                .fields()
+                .iter()
+                .map(|f| arrow::array::new_empty_array(f.data_type()))
+                .collect());
+        }
+        let b =
+            arrow::compute::concat_batches(&self.value_schema, &done).map_err(|e| e.to_string())?;
+        Ok(b.columns().to_vec())
+    }
 }

@@ -42,6 +42,7 @@ mod decode;
 mod group;
 mod plan;
 mod read;
+pub mod registry;
 
 use decode::*;
 use plan::*;
@@ -57,6 +58,9 @@ pub enum ValueFormat {
     Raw,
     /// The value as UTF-8 text, in a `value` column.
     String,
+    /// Avro in the Confluent wire format, its writer schemas from a
+    /// schema registry, resolved to the reader schema's columns.
+    Avro(registry::AvroValues),
 }
 
 /// How record keys are turned into the `_key` column.
@@ -674,6 +678,22 @@ impl KafkaSource {
             ValueFormat::String => {
                 Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
             }
+            // The declared columns, or (none declared) the reader
+            // schema's fields.
+            ValueFormat::Avro(ref a) => match value_schema.filter(|s| !s.fields().is_empty()) {
+                Some(s) => s,
+                None => registry::arrow_schema_of(&a.reader_schema).map_err(|reason| {
+                    Error::InvalidOption {
+                        source_name: name.to_string(),
+                        option: "format".into(),
+                        reason: format!(
+                            "the Avro schema of subject {} has no columns lakestream reads: \
+                             {reason}",
+                            a.subject
+                        ),
+                    }
+                })?,
+            },
         };
         let mut fields: Vec<Field> = value_schema
             .fields()

@@ -403,6 +403,9 @@ impl RangeReader {
                     .map(|(pos, _)| pos)
                     .expect("a kept message of a range being read") = m.offset() + 1;
                 self.last_progress = Instant::now();
+                if let Some((id, registry)) = self.builder.missing_schema(&m) {
+                    registry.schema_by_id(&self.name, id).await?;
+                }
                 self.builder.push(&m)?;
                 continue;
             }
@@ -494,6 +497,14 @@ impl RangeReader {
                     *pos = off + 1;
                     self.last_progress = Instant::now();
                     self.backoff = MIN_READ_BACKOFF;
+                    if let Some((id, registry)) = self.builder.missing_schema(&m) {
+                        // The borrowed message may not live across the
+                        // registry request.
+                        let m = m.detach();
+                        registry.schema_by_id(&self.name, id).await?;
+                        self.builder.push(&m)?;
+                        continue;
+                    }
                     self.builder.push(&m)?;
                 }
             }

@@ -1,0 +1,378 @@
+//! Avro values in the Confluent wire format, produced by an independent
+//! client (`confluent-kafka`'s `AvroSerializer`, whose `SchemaRegistryClient`
+//! registers each schema) and read through a schema registry.
+//!
+//! The registry is `tests/py/registry.py`, a minimal stand-in for the
+//! Confluent REST endpoints both sides call: no Confluent-compatible
+//! registry installs from a package registry these tests may use.
+
+use std::time::Duration;
+
+use crate::broker::{Broker, produce_py_lines};
+use crate::common::*;
+
+/// The registry stand-in on a free loopback port, with HTTP basic auth.
+struct Registry {
+    child: std::process::Child,
+    port: u16,
+}
+
+const REGISTRY_USER: &str = "sr-user";
+const REGISTRY_PASSWORD: &str = "sr-pass-never-printed";
+
+impl Registry {
+    fn start() -> Self {
+        let user = format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}");
+        let (child, port) = spawn_py_server("registry.py", &["--user".as_ref(), user.as_ref()]);
+        Self { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The producer settings that name this registry.
+    fn producer_settings(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("schema.registry.url", self.url()),
+            (
+                "basic.auth.user.info",
+                format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"),
+            ),
+        ]
+    }
+
+    /// A Kafka table's registry options.
+    fn job_options(&self) -> String {
+        format!(
+            "'format' 'avro', 'schema_registry_url' '{}', 'schema_registry_user' \
+             '{REGISTRY_USER}', 'schema_registry_password' '${{env:LS_TEST_SR_PASSWORD}}'",
+            self.url()
+        )
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Version 1 of the orders value schema.
+const V1: &str = r#"{"type":"record","name":"Order","namespace":"shop","fields":[
+ {"name":"order_id","type":"string"},
+ {"name":"customer_id","type":"long"},
+ {"name":"amount","type":"double"},
+ {"name":"ts","type":{"type":"long","logicalType":"timestamp-millis"}}]}"#;
+
+/// Version 2: a field with a default and a nullable one added.
+const V2: &str = r#"{"type":"record","name":"Order","namespace":"shop","fields":[
+ {"name":"order_id","type":"string"},
+ {"name":"customer_id","type":"long"},
+ {"name":"amount","type":"double"},
+ {"name":"ts","type":{"type":"long","logicalType":"timestamp-millis"}},
+ {"name":"currency","type":"string","default":"EUR"},
+ {"name":"coupon","type":["null","string"],"default":null}]}"#;
+
+/// Version 3: one more field, registered after the query first ran.
+const V3: &str = r#"{"type":"record","name":"Order","namespace":"shop","fields":[
+ {"name":"order_id","type":"string"},
+ {"name":"customer_id","type":"long"},
+ {"name":"amount","type":"double"},
+ {"name":"ts","type":{"type":"long","logicalType":"timestamp-millis"}},
+ {"name":"currency","type":"string","default":"EUR"},
+ {"name":"coupon","type":["null","string"],"default":null},
+ {"name":"channel","type":"string","default":"web"}]}"#;
+
+/// Order `i` as a record of `schema` (`version` 1, 2 or 3), on partition
+/// `i % 2`.
+fn order(i: usize, schema: &str, version: u8) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "order_id": format!("o-{i}"),
+        "customer_id": (i % 7) as i64,
+        "amount": i as f64 + 0.5,
+        "ts": 1_700_000_000_000i64 + i as i64 * 1000,
+    });
+    if version >= 2 {
+        v["currency"] = "USD".into();
+        v["coupon"] = if i.is_multiple_of(2) {
+            serde_json::Value::Null
+        } else {
+            format!("c-{i}").into()
+        };
+    }
+    if version >= 3 {
+        v["channel"] = "app".into();
+    }
+    serde_json::json!({
+        "key": format!("k{i}"),
+        "partition": (i % 2) as i32,
+        "avro_schema": schema,
+        "avro_value": v,
+    })
+}
+
+/// A broker with topic `orders` of `partitions`, a registry, a job directory.
+fn setup(partitions: i32) -> (Broker, Registry, tempfile::TempDir) {
+    let broker = Broker::start();
+    broker.create_topic("orders", partitions);
+    (broker, Registry::start(), tempfile::tempdir().unwrap())
+}
+
+fn produce(broker: &Broker, registry: &Registry, lines: &[serde_json::Value]) -> Vec<(i32, i64)> {
+    let settings = registry.producer_settings();
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    produce_py_lines(broker, "orders", &settings, lines)
+}
+
+fn run(dir: &std::path::Path) -> std::process::Output {
+    bin()
+        .current_dir(dir)
+        .args(RUN_JOB)
+        .env("LS_TEST_SR_PASSWORD", REGISTRY_PASSWORD)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn two_schema_versions_resolve_to_the_columns_and_unknown_schema_ids_are_dead_lettered() {
+    let (broker, registry, tmp) = setup(2);
+    let mut lines: Vec<serde_json::Value> = (0..20).map(|i| order(i, V1, 1)).collect();
+    lines.extend((20..40).map(|i| order(i, V2, 2)));
+    // A value whose schema id (999) the registry never gave out, and a
+    // JSON value on the Avro topic.
+    lines.push(
+        serde_json::json!({"key": "bad1", "partition": 0, "value_hex": "00000003e70a6f2d626164"}),
+    );
+    lines.push(serde_json::json!({"key": "bad2", "partition": 1, "value": "{\"order_id\":\"j\"}"}));
+    let placed = produce(&broker, &registry, &lines);
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (\n  order_id VARCHAR NOT NULL, amount DOUBLE, \
+             ts TIMESTAMP, currency VARCHAR, coupon VARCHAR\n) STORED AS KAFKA LOCATION \
+             'kafka://{}/orders'\nOPTIONS ({}, 'max_offsets_per_trigger' '9', 'on_error' \
+             'dead_letter', 'dead_letter_location' 'bad');\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO out SELECT order_id, amount, ts, currency, coupon, _partition, _offset \
+             FROM orders;\n",
+            broker.bootstrap(),
+            registry.job_options()
+        ),
+    )
+    .unwrap();
+    let o = run(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !text(&o).contains(REGISTRY_PASSWORD),
+        "a secret was printed"
+    );
+
+    let rows = read_py(&dir.join("out"));
+    assert_eq!(rows.len(), 40, "{rows:?}");
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &rows {
+        let i: usize = r["order_id"].as_str().unwrap()[2..].parse().unwrap();
+        assert!(seen.insert(i), "order {i} twice");
+        let at = placed[i];
+        assert_eq!(
+            (
+                r["_partition"].as_i64().unwrap() as i32,
+                r["_offset"].as_i64().unwrap()
+            ),
+            at,
+            "{r}"
+        );
+        assert_eq!(r["amount"].as_f64().unwrap(), i as f64 + 0.5);
+        if i < 20 {
+            // Written before the fields existed: the reader schema's
+            // default, and NULL for the nullable field.
+            assert_eq!(r["currency"], "EUR", "{r}");
+            assert!(r["coupon"].is_null(), "{r}");
+        } else {
+            assert_eq!(r["currency"], "USD", "{r}");
+            let coupon = if i.is_multiple_of(2) {
+                serde_json::Value::Null
+            } else {
+                format!("c-{i}").into()
+            };
+            assert_eq!(r["coupon"], coupon, "{r}");
+        }
+        assert!(r["ts"].as_str().unwrap().starts_with("2023-11-1"), "{r}");
+    }
+    let bad = read_py(&dir.join("bad"));
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    let errors: Vec<&str> = bad.iter().map(|r| r["error"].as_str().unwrap()).collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("schema id 999 is not known")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.contains("Confluent wire format")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn undeclared_columns_come_from_the_subject_and_stay_pinned_under_kill_9() {
+    let (broker, registry, tmp) = setup(2);
+    let mut lines: Vec<serde_json::Value> = (0..150).map(|i| order(i, V1, 1)).collect();
+    lines.extend((150..300).map(|i| order(i, V2, 2)));
+    let mut placed = produce(&broker, &registry, &lines);
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders STORED AS KAFKA LOCATION \
+             'kafka://{}/orders'\nOPTIONS ({}, 'max_offsets_per_trigger' '20');\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO out SELECT * FROM orders;\n",
+            broker.bootstrap(),
+            registry.job_options()
+        ),
+    )
+    .unwrap();
+    let (kills, _) = kill_until_done_logged(
+        dir,
+        &RUN_JOB,
+        &[("LS_TEST_SR_PASSWORD", REGISTRY_PASSWORD.to_string())],
+        &Kills {
+            max: 4,
+            min: 1,
+            seed: clock_seed(),
+            limit: Duration::from_secs(180),
+            latest: Duration::from_millis(400),
+        },
+    );
+    let pinned: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("ckpt/sources/orders/avro_reader_schema")).unwrap(),
+    )
+    .unwrap();
+    assert!(pinned.to_string().contains("coupon"), "{pinned}");
+
+    // A third version appears; the query keeps the columns it started with.
+    placed.extend(produce(
+        &broker,
+        &registry,
+        &(300..320).map(|i| order(i, V3, 3)).collect::<Vec<_>>(),
+    ));
+    let o = run(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_py(&dir.join("out"));
+    assert_eq!(rows.len(), 320, "after {kills} kills");
+    crate::broker::assert_records_once(&rows, &placed);
+    let cols: std::collections::BTreeSet<&str> = rows[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    for c in [
+        "order_id",
+        "customer_id",
+        "amount",
+        "ts",
+        "currency",
+        "coupon",
+        "_key",
+        "_offset",
+    ] {
+        assert!(cols.contains(c), "{c} missing from {cols:?}");
+    }
+    assert!(!cols.contains("channel"), "{cols:?}");
+    assert_eq!(
+        rows.iter().filter(|r| r["currency"] == "EUR").count(),
+        150,
+        "version-1 records take the default"
+    );
+}
+
+#[test]
+fn registry_and_schema_problems_are_named() {
+    let (broker, registry, tmp) = setup(1);
+    let lines: Vec<serde_json::Value> = (0..3)
+        .map(|i| {
+            let mut l = order(i, V1, 1);
+            l["partition"] = 0.into();
+            l
+        })
+        .chain([serde_json::json!({"key": "x", "partition": 0, "value_hex": "00000003e70a"})])
+        .collect();
+    produce(&broker, &registry, &lines);
+    let dir = tmp.path();
+    let job = |cols: &str, extra: &str| {
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders ({cols}) STORED AS KAFKA LOCATION \
+             'kafka://{}/orders'\nOPTIONS ({}{extra});\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO out SELECT order_id FROM orders;\n",
+            broker.bootstrap(),
+            registry.job_options()
+        )
+    };
+    // A record with an unknown schema id fails the batch, naming it.
+    std::fs::write(dir.join("job.sql"), job("order_id VARCHAR", "")).unwrap();
+    let o = run(dir);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("topic orders partition 0 offset 3") && e.contains("schema id 999"),
+        "{e}"
+    );
+    assert!(
+        !dir.join("out").exists() || read_py(&dir.join("out")).is_empty(),
+        "the failed batch wrote rows"
+    );
+
+    // A wrong password: the registry's 401, and what to check.
+    let o = bin()
+        .current_dir(dir)
+        .args([
+            "run",
+            "job.sql",
+            "--checkpoint",
+            "ckpt2",
+            "--trigger",
+            "available-now",
+        ])
+        .env("LS_TEST_SR_PASSWORD", "wrong-one")
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("401") && e.contains("schema_registry_password"),
+        "{e}"
+    );
+    assert!(!e.contains("wrong-one"), "{e}");
+
+    // A declared column the subject's schema lacks: refused before any batch.
+    std::fs::write(
+        dir.join("job.sql"),
+        job("order_id VARCHAR, colour VARCHAR", ""),
+    )
+    .unwrap();
+    let o = bin()
+        .current_dir(dir)
+        .args([
+            "run",
+            "job.sql",
+            "--checkpoint",
+            "ckpt3",
+            "--trigger",
+            "available-now",
+        ])
+        .env("LS_TEST_SR_PASSWORD", REGISTRY_PASSWORD)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("column colour") && e.contains("orders-value"),
+        "{e}"
+    );
+}

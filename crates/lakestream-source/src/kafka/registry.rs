@@ -1,0 +1,531 @@
+//! The Confluent schema registry client, and Avro values in the Confluent
+//! wire format (magic byte 0, a 4-byte big-endian schema id, the Avro
+//! body) decoded into a source's columns.
+//!
+//! Writer schemas are fetched once by id and cached for the life of the
+//! source; an id the registry does not know is remembered as such, so
+//! every record carrying it is a bad record without another request. The
+//! reader schema (the topic subject's latest schema when the query first
+//! ran, kept in the checkpoint, cut down to the declared columns) drives
+//! Avro schema resolution: fields added with defaults, removed fields,
+//! promoted types.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow_avro::reader::{Decoder, ReaderBuilder};
+use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
+
+use crate::{Error, Result};
+
+/// Where the registry is and how to reach it.
+#[derive(Clone, Default)]
+pub struct RegistryOptions {
+    /// Base URLs (`http://host:8081`), tried in turn.
+    pub urls: Vec<String>,
+    /// HTTP basic authentication: user and password.
+    pub basic_auth: Option<(String, String)>,
+    /// A PEM file of CA certificates to trust besides the system's.
+    pub ca_location: Option<String>,
+    /// How long one request may take.
+    pub request_timeout: Duration,
+}
+
+impl std::fmt::Debug for RegistryOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryOptions")
+            .field("urls", &self.urls)
+            .field("user", &self.basic_auth.as_ref().map(|(u, _)| u))
+            .field("ca_location", &self.ca_location)
+            .finish()
+    }
+}
+
+/// What the registry holds under one schema id.
+#[derive(Debug, Clone)]
+pub enum Registered {
+    /// An Avro schema (its JSON).
+    Avro(Arc<str>),
+    /// A schema of another type (`PROTOBUF`, `JSON`): not Avro.
+    OtherType(String),
+    /// The registry does not know the id (404).
+    Unknown,
+}
+
+/// The latest version of a subject.
+#[derive(Debug, Clone)]
+pub struct SubjectVersion {
+    /// The subject.
+    pub subject: String,
+    /// Its version number.
+    pub version: i64,
+    /// The schema's global id.
+    pub id: u32,
+    /// The schema (Avro JSON).
+    pub schema: String,
+}
+
+/// A Confluent-compatible schema registry, with schemas cached by id.
+pub struct SchemaRegistry {
+    options: RegistryOptions,
+    client: reqwest::Client,
+    by_id: Mutex<HashMap<u32, Registered>>,
+}
+
+impl std::fmt::Debug for SchemaRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchemaRegistry")
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+/// How often a request the registry did not answer is tried.
+const ATTEMPTS: u32 = 3;
+
+impl SchemaRegistry {
+    /// A client of the registry at `options.urls` for source `source`.
+    pub fn new(source: &str, options: RegistryOptions) -> Result<Self> {
+        let invalid = |reason: String| Error::InvalidOption {
+            source_name: source.to_string(),
+            option: "schema_registry_url".into(),
+            reason,
+        };
+        if options.urls.is_empty() {
+            return Err(invalid("give the registry's URL".into()));
+        }
+        for u in &options.urls {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(invalid(format!("{u:?} is not an http:// or https:// URL")));
+            }
+        }
+        let mut b = reqwest::Client::builder()
+            .timeout(options.request_timeout)
+            .connect_timeout(options.request_timeout);
+        if let Some(ca) = &options.ca_location {
+            let pem = std::fs::read(ca).map_err(|e| Error::InvalidOption {
+                source_name: source.to_string(),
+                option: "schema_registry_ca_location".into(),
+                reason: format!("cannot read {ca}: {e}"),
+            })?;
+            let certs =
+                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| Error::InvalidOption {
+                    source_name: source.to_string(),
+                    option: "schema_registry_ca_location".into(),
+                    reason: format!("{ca} holds no PEM certificate: {e}"),
+                })?;
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        let client = b
+            .build()
+            .map_err(|e| invalid(format!("cannot make an HTTP client: {e}")))?;
+        Ok(Self {
+            options,
+            client,
+            by_id: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The registry's URLs, for messages.
+    pub fn urls(&self) -> String {
+        self.options.urls.join(",")
+    }
+
+    /// The schema under `id` if it was fetched before.
+    pub fn cached(&self, id: u32) -> Option<Registered> {
+        self.by_id.lock().expect("registry cache").get(&id).cloned()
+    }
+
+    /// The schema under `id`, fetched once (an unknown id included).
+    pub async fn schema_by_id(&self, source: &str, id: u32) -> Result<Registered> {
+        if let Some(r) = self.cached(id) {
+            return Ok(r);
+        }
+        let got = self.get(source, &format!("/schemas/ids/{id}")).await?;
+        let r = match got {
+            None => Registered::Unknown,
+            Some(v) => {
+                let kind = v
+                    .get("schemaType")
+                    .and_then(|t| t.as_str())
+                    .unwrap_or("AVRO");
+                match (kind, v.get("schema").and_then(|s| s.as_str())) {
+                    ("AVRO", Some(s)) => Registered::Avro(Arc::from(s)),
+                    ("AVRO", None) => {
+                        return Err(self.error(
+                            source,
+                            &format!("GET /schemas/ids/{id}"),
+                            "the answer has no \"schema\"".into(),
+                            false,
+                        ));
+                    }
+                    (other, _) => Registered::OtherType(other.to_string()),
+                }
+            }
+        };
+        self.by_id
+            .lock()
+            .expect("registry cache")
+            .insert(id, r.clone());
+        Ok(r)
+    }
+
+    /// The latest version of `subject`.
+    pub async fn latest(&self, source: &str, subject: &str) -> Result<SubjectVersion> {
+        let path = format!(
+            "/subjects/{}/versions/latest",
+            percent_encoding::utf8_percent_encode(subject, percent_encoding::NON_ALPHANUMERIC)
+        );
+        let Some(v) = self.get(source, &path).await? else {
+            return Err(self.error(
+                source,
+                &format!("read the latest schema of subject {subject}"),
+                format!(
+                    "the registry has no subject {subject}: register the topic's value schema, \
+                     or name the subject with 'value_subject'"
+                ),
+                false,
+            ));
+        };
+        let kind = v
+            .get("schemaType")
+            .and_then(|t| t.as_str())
+            .unwrap_or("AVRO");
+        let (Some(id), Some(schema), "AVRO") = (
+            v.get("id").and_then(|i| i.as_u64()),
+            v.get("schema").and_then(|s| s.as_str()),
+            kind,
+        ) else {
+            return Err(self.error(
+                source,
+                &format!("read the latest schema of subject {subject}"),
+                format!("expected an Avro schema with an id, got {v}"),
+                false,
+            ));
+        };
+        self.by_id
+            .lock()
+            .expect("registry cache")
+            .insert(id as u32, Registered::Avro(Arc::from(schema)));
+        Ok(SubjectVersion {
+            subject: subject.to_string(),
+            version: v.get("version").and_then(|n| n.as_i64()).unwrap_or(0),
+            id: id as u32,
+            schema: schema.to_string(),
+        })
+    }
+
+    fn error(&self, source: &str, what: &str, reason: String, transient: bool) -> Error {
+        Error::SchemaRegistry {
+            source_name: source.to_string(),
+            url: self.urls(),
+            what: what.to_string(),
+            reason,
+            transient,
+        }
+    }
+
+    /// GET `path` from the first URL that answers: its JSON, `None` on
+    /// 404. Connection failures, timeouts and 5xx are tried again
+    /// ([`ATTEMPTS`] rounds over the URLs, with backoff), then are a
+    /// transient error; 401/403 are not.
+    async fn get(&self, source: &str, path: &str) -> Result<Option<serde_json::Value>> {
+        let mut last = String::new();
+        let mut backoff = Duration::from_millis(100);
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(backoff).await;
+                backoff *= 4;
+            }
+            for base in &self.options.urls {
+                let url = format!("{}{path}", base.trim_end_matches('/'));
+                let mut req = self
+                    .client
+                    .get(&url)
+                    .header("Accept", "application/vnd.schemaregistry.v1+json");
+                if let Some((u, p)) = &self.options.basic_auth {
+                    req = req.basic_auth(u, Some(p));
+                }
+                let resp = match req.send().await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        last = format!("{base}: {}", error_chain(&e));
+                        continue;
+                    }
+                };
+                let status = resp.status();
+                let body = resp.bytes().await.unwrap_or_default();
+                if status.as_u16() == 404 {
+                    return Ok(None);
+                }
+                if status.is_success() {
+                    return serde_json::from_slice(&body).map(Some).map_err(|e| {
+                        self.error(
+                            source,
+                            &format!("GET {path}"),
+                            format!("the answer is not JSON: {e}"),
+                            false,
+                        )
+                    });
+                }
+                let text = String::from_utf8_lossy(&body);
+                if status.as_u16() == 401 || status.as_u16() == 403 {
+                    return Err(self.error(
+                        source,
+                        &format!("GET {path}"),
+                        format!(
+                            "{status}: {text}; check schema_registry_user and \
+                             schema_registry_password"
+                        ),
+                        false,
+                    ));
+                }
+                last = format!("{base}: {status}: {text}");
+                if status.is_client_error() {
+                    return Err(self.error(source, &format!("GET {path}"), last, false));
+                }
+            }
+        }
+        Err(self.error(source, &format!("GET {path}"), last, true))
+    }
+}
+
+/// An error with its causes (reqwest's own message is only the outermost).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Avro values through a registry: what a Kafka source decodes with.
+#[derive(Debug, Clone)]
+pub struct AvroValues {
+    /// The registry the writer schemas come from.
+    pub registry: Arc<SchemaRegistry>,
+    /// The subject whose schema is the reader schema.
+    pub subject: String,
+    /// The reader schema (Avro JSON), already cut down to the columns.
+    pub reader_schema: String,
+}
+
+impl PartialEq for AvroValues {
+    fn eq(&self, other: &Self) -> bool {
+        self.subject == other.subject && self.reader_schema == other.reader_schema
+    }
+}
+
+impl Eq for AvroValues {}
+
+/// The Confluent framing of `payload`: its schema id, or why it has none.
+pub fn framed_schema_id(payload: Option<&[u8]>) -> std::result::Result<u32, String> {
+    match payload {
+        None => Err("the value is null (a tombstone): an Avro value was expected".into()),
+        Some(p) if p.len() < 5 || p[0] != 0 => Err(format!(
+            "the value is not in the Confluent wire format (magic byte 0 and a 4-byte schema \
+             id before the Avro body; the value starts {:02x?})",
+            &p[..p.len().min(5)]
+        )),
+        Some(p) => Ok(u32::from_be_bytes([p[1], p[2], p[3], p[4]])),
+    }
+}
+
+/// `reader`, an Avro record schema, with only the fields named by
+/// `columns`, in their order (a name matches exactly, else ignoring case).
+/// A column the schema lacks is an error naming it.
+pub fn project_reader_schema(
+    reader: &str,
+    columns: &Schema,
+) -> std::result::Result<String, String> {
+    let mut v: serde_json::Value =
+        serde_json::from_str(reader).map_err(|e| format!("the schema is not JSON: {e}"))?;
+    let obj = v
+        .as_object_mut()
+        .filter(|o| o.get("type").and_then(|t| t.as_str()) == Some("record"))
+        .ok_or("the value schema is not an Avro record")?;
+    let fields = obj
+        .get_mut("fields")
+        .and_then(|f| f.as_array_mut())
+        .ok_or("the record has no fields")?;
+    let name_of = |f: &serde_json::Value| {
+        f.get("name")
+            .and_then(|n| n.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut out = Vec::with_capacity(columns.fields().len());
+    for c in columns.fields() {
+        let found = fields
+            .iter()
+            .position(|f| name_of(f) == *c.name())
+            .or_else(|| {
+                let matches: Vec<usize> = fields
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| name_of(f).eq_ignore_ascii_case(c.name()))
+                    .map(|(i, _)| i)
+                    .collect();
+                (matches.len() == 1).then(|| matches[0])
+            });
+        let Some(i) = found else {
+            let names: Vec<String> = fields.iter().map(name_of).collect();
+            return Err(format!(
+                "column {} is not a field of the Avro schema (fields: {})",
+                c.name(),
+                names.join(", ")
+            ));
+        };
+        out.push(fields[i].clone());
+    }
+    *fields = out;
+    Ok(v.to_string())
+}
+
+/// The Arrow columns of Avro record schema `schema` (its fields, in order).
+pub fn arrow_schema_of(schema: &str) -> std::result::Result<SchemaRef, String> {
+    let mut store = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
+    store
+        .set(Fingerprint::Id(0), AvroSchema::new(schema.to_string()))
+        .map_err(|e| e.to_string())?;
+    let d = ReaderBuilder::new()
+        .with_writer_schema_store(store)
+        .build_decoder()
+        .map_err(|e| e.to_string())?;
+    let s = d.schema();
+    // Arrow-avro keeps the Avro schema in the metadata; the columns are
+    // what a query sees.
+    Ok(Arc::new(Schema::new(s.fields().clone())))
+}
+
+/// A decoder of values written with schema `writer` (id `id`) into the
+/// reader schema.
+pub fn decoder_for(
+    id: u32,
+    writer: &str,
+    reader: &str,
+    batch_size: usize,
+) -> std::result::Result<Decoder, String> {
+    let mut store = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
+    store
+        .set(Fingerprint::Id(id), AvroSchema::new(writer.to_string()))
+        .map_err(|e| e.to_string())?;
+    ReaderBuilder::new()
+        .with_writer_schema_store(store)
+        .with_reader_schema(AvroSchema::new(reader.to_string()))
+        .with_batch_size(batch_size.max(1))
+        .build_decoder()
+        .map_err(|e| e.to_string())
+}
+
+/// `batch`'s columns cast to `schema`'s types, by position.
+pub fn cast_columns(
+    batch: &RecordBatch,
+    schema: &Schema,
+) -> std::result::Result<Vec<ArrayRef>, String> {
+    batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                arrow::compute::cast(c, f.data_type()).map_err(|e| {
+                    format!(
+                        "column {}: the Avro value's {} does not convert to {}: {e}",
+                        f.name(),
+                        c.data_type(),
+                        f.data_type()
+                    )
+                })
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::{DataType, Field};
+
+    const V1: &str = r#"{"type":"record","name":"Order","namespace":"shop","fields":[
+        {"name":"order_id","type":"string"},{"name":"amount","type":"double"}]}"#;
+    const V2: &str = r#"{"type":"record","name":"Order","namespace":"shop","fields":[
+        {"name":"order_id","type":"string"},{"name":"amount","type":"double"},
+        {"name":"currency","type":"string","default":"EUR"}]}"#;
+
+    fn framed(id: u32, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![0];
+        v.extend(id.to_be_bytes());
+        v.extend(body);
+        v
+    }
+
+    /// Avro binary of a string.
+    fn avro_str(s: &str) -> Vec<u8> {
+        let n = s.len() as i64;
+        let mut out = vec![((n << 1) ^ (n >> 63)) as u8];
+        out.extend(s.as_bytes());
+        out
+    }
+
+    #[test]
+    fn a_field_added_with_a_default_takes_it_for_older_values() {
+        let reader = project_reader_schema(
+            V2,
+            &Schema::new(vec![
+                Field::new("amount", DataType::Float64, true),
+                Field::new("CURRENCY", DataType::Utf8, true),
+            ]),
+        )
+        .unwrap();
+        let mut body = avro_str("o-1");
+        body.extend(12.5f64.to_le_bytes());
+        let mut d = decoder_for(7, V1, &reader, 16).unwrap();
+        assert_eq!(d.decode(&framed(7, &body)).unwrap(), body.len() + 5);
+        let b = d.flush().unwrap().unwrap();
+        assert_eq!(b.num_rows(), 1);
+        let cur = b
+            .column(1)
+            .as_any()
+            .downcast_ref::<arrow::array::StringArray>();
+        assert_eq!(cur.unwrap().value(0), "EUR");
+        let amt = b
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow::array::Float64Array>();
+        assert_eq!(amt.unwrap().value(0), 12.5);
+    }
+
+    #[test]
+    fn framing_and_missing_columns_are_named() {
+        assert_eq!(framed_schema_id(Some(&[0, 0, 0, 1, 2, 9])), Ok(258));
+        assert!(
+            framed_schema_id(Some(b"{\"a\":1}"))
+                .unwrap_err()
+                .contains("wire format")
+        );
+        assert!(framed_schema_id(None).unwrap_err().contains("tombstone"));
+        let e = project_reader_schema(
+            V1,
+            &Schema::new(vec![Field::new("x", DataType::Utf8, true)]),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("column x") && e.contains("order_id, amount"),
+            "{e}"
+        );
+        let s = arrow_schema_of(V2).unwrap();
+        let names: Vec<&str> = s.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["order_id", "amount", "currency"]);
+    }
+}
