@@ -10,7 +10,7 @@ CONFIG_JSON: producer settings added to the defaults (for example
 {"key": str or null, "value": str, "partition": int}, or "key_hex" for
 a key of any bytes, "value_hex" for a value of any bytes, or
 "avro_schema" (an Avro schema's JSON) with "avro_value" (the record as a
-JSON object): serialized by the client's AvroSerializer in the Confluent
+JSON object; {"$decimal": "12.34"} stands for a decimal): serialized by the client's AvroSerializer in the Confluent
 wire format, the schema registered with the registry that CONFIG_JSON's
 "schema.registry.url" (and "basic.auth.user.info") names. One record per
 produce request (batch.num.messages=1), since tansu's high watermark is
@@ -23,6 +23,19 @@ import sys
 from confluent_kafka import Producer
 
 REGISTRY_KEYS = ("schema.registry.url", "basic.auth.user.info")
+
+
+def revive(v):
+    """JSON to what the Avro serializer takes: {"$decimal": s} -> Decimal."""
+    if isinstance(v, dict):
+        if set(v) == {"$decimal"}:
+            from decimal import Decimal
+
+            return Decimal(v["$decimal"])
+        return {k: revive(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [revive(x) for x in v]
+    return v
 
 
 def main() -> None:
@@ -66,7 +79,7 @@ def main() -> None:
         key = r.get("key")
         key = bytes.fromhex(r["key_hex"]) if "key_hex" in r else key and key.encode()
         if "avro_schema" in r:
-            value = avro(r["avro_schema"], r["avro_value"])
+            value = avro(r["avro_schema"], revive(r["avro_value"]))
         elif "value_hex" in r:
             value = bytes.fromhex(r["value_hex"])
         else:

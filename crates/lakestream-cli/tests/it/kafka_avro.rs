@@ -376,3 +376,96 @@ fn registry_and_schema_problems_are_named() {
         "{e}"
     );
 }
+
+/// Nested and logical Avro types, written with `qty` an `int`, read with
+/// the latest schema where it is a `long` (a promotion).
+const TYPES_V1: &str = r#"{"type":"record","name":"Shipment","fields":[
+ {"name":"id","type":"string"},
+ {"name":"qty","type":"int"},
+ {"name":"address","type":{"type":"record","name":"Address","fields":[
+   {"name":"city","type":"string"},{"name":"zip","type":["null","string"],"default":null}]}},
+ {"name":"tags","type":{"type":"array","items":"string"}},
+ {"name":"attrs","type":{"type":"map","values":"long"}},
+ {"name":"status","type":{"type":"enum","name":"Status","symbols":["NEW","SENT","LOST"]}},
+ {"name":"price","type":{"type":"bytes","logicalType":"decimal","precision":10,"scale":2}},
+ {"name":"day","type":{"type":"int","logicalType":"date"}},
+ {"name":"at","type":{"type":"long","logicalType":"timestamp-micros"}},
+ {"name":"ref","type":{"type":"string","logicalType":"uuid"}}]}"#;
+
+#[test]
+fn nested_and_logical_types_become_arrow_types_and_int_promotes_to_long() {
+    let (broker, registry, tmp) = setup(1);
+    let v2 = TYPES_V1.replace(
+        r#""name":"qty","type":"int""#,
+        r#""name":"qty","type":"long""#,
+    );
+    let record = |i: i64, schema: &str| {
+        serde_json::json!({
+            "key": null,
+            "partition": 0,
+            "avro_schema": schema,
+            "avro_value": {
+                "id": format!("s-{i}"),
+                "qty": i,
+                "address": {"city": "Lyon", "zip": if i == 0 { serde_json::Value::Null } else { "69001".into() }},
+                "tags": ["a", format!("t{i}")],
+                "attrs": {"w": i * 10},
+                "status": "SENT",
+                "price": {"$decimal": format!("{i}.25")},
+                "day": 19_700 + i,
+                "at": 1_700_000_000_123_456i64 + i,
+                "ref": format!("00000000-0000-4000-8000-00000000000{i}"),
+            },
+        })
+    };
+    produce(&broker, &registry, &[record(0, TYPES_V1), record(1, &v2)]);
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE shipments STORED AS KAFKA LOCATION \
+             'kafka://{}/orders'\nOPTIONS ({});\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO out SELECT id, qty, address, address.city AS city, tags, attrs, \
+             status, price, day, at, ref FROM shipments;\n",
+            broker.bootstrap(),
+            registry.job_options()
+        ),
+    )
+    .unwrap();
+    let o = run(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut rows = read_py(&dir.join("out"));
+    rows.sort_by_key(|r| r["id"].as_str().unwrap().to_string());
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let r = &rows[1];
+    assert_eq!(r["qty"], 1, "{r}");
+    assert_eq!(r["address"]["city"], "Lyon", "{r}");
+    assert_eq!(r["address"]["zip"], "69001", "{r}");
+    assert!(rows[0]["address"]["zip"].is_null(), "{rows:?}");
+    assert_eq!(r["city"], "Lyon", "{r}");
+    assert_eq!(r["tags"], serde_json::json!(["a", "t1"]), "{r}");
+    assert_eq!(r["status"], "SENT", "{r}");
+    assert_eq!(r["price"].to_string().trim_matches('"'), "1.25", "{r}");
+    assert_eq!(r["day"], "2023-12-10", "{r}");
+    assert_eq!(r["ref"], "00000000-0000-4000-8000-000000000001", "{r}");
+    assert!(r["at"].as_str().unwrap().starts_with("2023-11-14"), "{r}");
+    assert!(r["attrs"].to_string().contains("10"), "{r}");
+    let types = meta_py(&dir.join("out"))["types"].clone();
+    assert_eq!(
+        types,
+        serde_json::json!([
+            "string",
+            "int64",
+            "struct<city: string, zip: string>",
+            "string",
+            "list<element: string>",
+            "map<string, int64>",
+            "string",
+            "decimal128(10, 2)",
+            "date32[day]",
+            "timestamp[us, tz=UTC]",
+            "string"
+        ])
+    );
+}

@@ -32,6 +32,29 @@ fn delta_type(t: &DataType) -> DataType {
         DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) => DataType::List(
             Arc::new(Field::new("element", delta_type(f.data_type()), true)),
         ),
+        // Delta names a map's entries `key_value`; keys are never NULL.
+        DataType::Map(entries, sorted) => {
+            let (k, v) = match entries.data_type() {
+                DataType::Struct(kv) if kv.len() == 2 => (kv[0].clone(), kv[1].clone()),
+                _ => return t.clone(),
+            };
+            DataType::Map(
+                Arc::new(Field::new(
+                    "key_value",
+                    DataType::Struct(
+                        vec![
+                            Field::new("key", delta_type(k.data_type()), false),
+                            Field::new("value", delta_type(v.data_type()), true),
+                        ]
+                        .into(),
+                    ),
+                    false,
+                )),
+                *sorted,
+            )
+        }
+        // Delta has no fixed-size binary.
+        DataType::FixedSizeBinary(_) => DataType::Binary,
         DataType::Struct(fields) => DataType::Struct(
             fields
                 .iter()
@@ -214,6 +237,30 @@ mod tests {
         assert!(crate::same_columns(
             &delta_schema(&list("item")),
             &delta_schema(&list("element"))
+        ));
+    }
+
+    /// Likewise a map's entries: Arrow writers say `entries`, Delta reads
+    /// back `key_value`.
+    #[test]
+    fn map_entry_names_do_not_make_schemas_differ() {
+        let map = |entries: &str, value_nullable: bool| {
+            let kv = DataType::Struct(
+                vec![
+                    Field::new("key", DataType::Utf8, false),
+                    Field::new("value", DataType::Int64, value_nullable),
+                ]
+                .into(),
+            );
+            Schema::new(vec![Field::new(
+                "m",
+                DataType::Map(Arc::new(Field::new(entries, kv, false)), false),
+                true,
+            )])
+        };
+        assert!(crate::same_columns(
+            &delta_schema(&map("entries", false)),
+            &delta_schema(&map("key_value", true))
         ));
     }
 

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, RecordBatch};
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use arrow_avro::reader::{Decoder, ReaderBuilder};
 use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
 
@@ -402,8 +402,19 @@ pub fn arrow_schema_of(schema: &str) -> std::result::Result<SchemaRef, String> {
         .map_err(|e| e.to_string())?;
     let s = d.schema();
     // Arrow-avro keeps the Avro schema in the metadata; the columns are
-    // what a query sees.
-    Ok(Arc::new(Schema::new(s.fields().clone())))
+    // what a query sees. A `uuid` is its text, as producers wrote it.
+    let fields: Vec<arrow::datatypes::Field> = s
+        .fields()
+        .iter()
+        .map(|f| {
+            if is_uuid(f) {
+                arrow::datatypes::Field::new(f.name(), DataType::Utf8, f.is_nullable())
+            } else {
+                f.as_ref().clone()
+            }
+        })
+        .collect();
+    Ok(Arc::new(Schema::new(fields)))
 }
 
 /// A decoder of values written with schema `writer` (id `id`) into the
@@ -438,6 +449,10 @@ pub fn cast_columns(
         .map(|(c, f)| {
             if c.data_type() == f.data_type() {
                 Ok(c.clone())
+            } else if let (DataType::FixedSizeBinary(16), DataType::Utf8) =
+                (c.data_type(), f.data_type())
+            {
+                Ok(uuid_text(c))
             } else {
                 arrow::compute::cast(c, f.data_type()).map_err(|e| {
                     format!(
@@ -452,10 +467,45 @@ pub fn cast_columns(
         .collect()
 }
 
+/// Whether `f` is arrow-avro's column of an Avro `uuid`.
+fn is_uuid(f: &arrow::datatypes::Field) -> bool {
+    f.data_type() == &DataType::FixedSizeBinary(16)
+        && (f.metadata().get("logicalType").is_some_and(|n| n == "uuid")
+            || f.metadata()
+                .get("ARROW:extension:name")
+                .is_some_and(|n| n == "arrow.uuid"))
+}
+
+/// 16-byte UUIDs as their canonical text (`8-4-4-4-12` lowercase hex).
+fn uuid_text(c: &ArrayRef) -> ArrayRef {
+    let b = c
+        .as_any()
+        .downcast_ref::<arrow::array::FixedSizeBinaryArray>()
+        .expect("a fixed-size binary column");
+    let mut out = arrow::array::StringBuilder::with_capacity(b.len(), b.len() * 36);
+    for v in b.iter() {
+        match v {
+            None => out.append_null(),
+            Some(bytes) => {
+                let h: String = bytes.iter().map(|x| format!("{x:02x}")).collect();
+                out.append_value(format!(
+                    "{}-{}-{}-{}-{}",
+                    &h[..8],
+                    &h[8..12],
+                    &h[12..16],
+                    &h[16..20],
+                    &h[20..]
+                ));
+            }
+        }
+    }
+    Arc::new(out.finish())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::datatypes::{DataType, Field};
+    use arrow::datatypes::Field;
 
     const V1: &str = r#"{"type":"record","name":"Order","namespace":"shop","fields":[
         {"name":"order_id","type":"string"},{"name":"amount","type":"double"}]}"#;
