@@ -20,6 +20,7 @@
 //!
 //! This crate knows nothing of SQL, DataFusion or the table being written.
 
+pub mod avro;
 pub mod delta;
 pub mod files;
 pub mod generator;

@@ -517,7 +517,6 @@ pub(crate) fn produce_py_lines(
     settings: &[(&str, &str)],
     lines: &[serde_json::Value],
 ) -> Vec<(i32, i64)> {
-    use std::io::Write;
     let mut conf = serde_json::Map::new();
     for (k, v) in broker.client_settings() {
         conf.insert(k.into(), v.into());
@@ -525,36 +524,14 @@ pub(crate) fn produce_py_lines(
     for (k, v) in settings {
         conf.insert((*k).into(), (*v).into());
     }
-    let mut child = Command::new(python())
-        .arg(crate::common::root().join("tests/py/produce.py"))
-        .arg(broker.bootstrap())
-        .arg(topic)
-        .arg(serde_json::Value::Object(conf).to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run python");
-    let mut input = String::new();
-    for line in lines {
-        input.push_str(&line.to_string());
-        input.push('\n');
-    }
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert!(
-        o.status.success(),
-        "produce.py to {topic}: {}",
-        crate::common::text(&o)
+    let conf = serde_json::Value::Object(conf).to_string();
+    let bootstrap = broker.bootstrap();
+    let out = crate::common::run_py_lines(
+        "produce.py",
+        &[bootstrap.as_ref(), topic.as_ref(), conf.as_ref()],
+        lines,
     );
-    String::from_utf8(o.stdout)
-        .unwrap()
-        .lines()
+    out.lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
             (

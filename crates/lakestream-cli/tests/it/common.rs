@@ -635,3 +635,35 @@ pub(crate) fn spawn_py_server(
         .unwrap_or_else(|_| panic!("{script} printed no port: {line:?}"));
     (child, port)
 }
+
+/// Run `tests/py/<script>` with `args`, `lines` as JSON lines on its
+/// stdin; asserts it succeeds and returns its stdout.
+pub(crate) fn run_py_lines(
+    script: &str,
+    args: &[&std::ffi::OsStr],
+    lines: &[serde_json::Value],
+) -> String {
+    use std::io::Write;
+    let mut child = Command::new(python())
+        .arg(root().join("tests/py").join(script))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python");
+    let mut input = String::new();
+    for line in lines {
+        input.push_str(&line.to_string());
+        input.push('\n');
+    }
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{script}: {}", text(&o));
+    String::from_utf8(o.stdout).unwrap()
+}

@@ -2,6 +2,7 @@
 //! tables, checked by Python `deltalake` and by `lakestream query`.
 
 mod audit;
+mod avro_files;
 mod backfill;
 mod bench_smoke;
 mod broker;

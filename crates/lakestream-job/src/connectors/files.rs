@@ -48,7 +48,7 @@ impl SourceConnector for FilesConnector {
         let t = ctx.table();
         let Some(mut format) = FileFormat::from_name(&t.format) else {
             return Err(ctx.error(format!(
-                "STORED AS {} is not a file format (JSON, CSV, PARQUET)",
+                "STORED AS {} is not a file format (JSON, CSV, PARQUET, AVRO)",
                 t.format
             )));
         };

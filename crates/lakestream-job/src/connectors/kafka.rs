@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lakestream_source::Source;
-use lakestream_source::kafka::registry::{
-    AvroValues, RegistryOptions, SchemaRegistry, project_reader_schema,
-};
+use lakestream_source::avro::project_reader_schema;
+use lakestream_source::kafka::registry::{AvroValues, RegistryOptions, SchemaRegistry};
 use lakestream_source::kafka::{
     EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, KeyFormat,
     RESERVED_CLIENT_KEYS, StartingOffsets, Topics, ValueFormat,

@@ -13,7 +13,7 @@
 //! declaration), and the job's storage options and checkpoint.
 //!
 //! The built-in connectors ([`Connectors::builtin`]): `JSON`, `CSV`,
-//! `PARQUET` (files, [`files`]), `KAFKA` ([`kafka`]), `GENERATOR`
+//! `PARQUET`, `AVRO` (files, [`files`]), `KAFKA` ([`kafka`]), `GENERATOR`
 //! ([`generator`]) and `DELTA` ([`delta`]) as sources; `DELTA` as the sink. An
 //! embedding program adds its own with [`Connectors::register_source`] /
 //! [`Connectors::register_sink`] and runs jobs with them through the
@@ -102,11 +102,11 @@ impl Connectors {
         }
     }
 
-    /// The connectors lakestream ships: files (`JSON`, `CSV`, `PARQUET`),
+    /// The connectors lakestream ships: files (`JSON`, `CSV`, `PARQUET`, `AVRO`),
     /// `KAFKA`, `GENERATOR` and `DELTA` sources, the `DELTA` sink.
     pub fn builtin() -> Self {
         let mut c = Self::empty();
-        for format in ["JSON", "CSV", "PARQUET"] {
+        for format in ["JSON", "CSV", "PARQUET", "AVRO"] {
             c.register_source(format, Arc::new(files::FilesConnector));
         }
         c.register_source("KAFKA", Arc::new(kafka::KafkaConnector));

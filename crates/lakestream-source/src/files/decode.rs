@@ -842,32 +842,71 @@ pub(super) async fn parquet_stream(
     schema: SchemaRef,
     batch_size: usize,
 ) -> Result<BatchStream> {
-    let path = object_path(&entry.path);
-    let malformed = |reason: String| Error::Malformed {
-        source_name: name.clone(),
+    let (file_schema, stream) =
+        open_parquet(store, object_path(&entry.path), entry.size, batch_size)
+            .await
+            .map_err(|reason| malformed_file(&name, &entry, reason))?;
+    Ok(conformed(name, entry, schema, stream, move |b| {
+        (b, file_schema.clone())
+    }))
+}
+
+/// The batches of the Avro object container file `entry`, `batch_size`
+/// rows each, read block by block from the store (the whole file is
+/// never held), conformed to `schema` by column name.
+pub(super) async fn avro_stream(
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    entry: FileEntry,
+    schema: SchemaRef,
+    batch_size: usize,
+) -> Result<BatchStream> {
+    let reader = arrow_avro::reader::AsyncAvroFileReader::builder(
+        crate::avro::StoreFile::new(store, object_path(&entry.path)),
+        entry.size,
+        batch_size,
+    )
+    .try_build()
+    .await
+    .map_err(|e| malformed_file(&name, &entry, e.to_string()))?;
+    Ok(conformed(name, entry, schema, reader, |b| {
+        let b = crate::avro::uuids_as_text(&b);
+        let s = b.schema();
+        (b, s)
+    }))
+}
+
+/// A file `entry` that does not decode.
+fn malformed_file(name: &str, entry: &FileEntry, reason: String) -> Error {
+    Error::Malformed {
+        source_name: name.to_string(),
         file: entry.path.clone(),
         line: None,
         reason,
-    };
-    let (file_schema, stream) = open_parquet(store, path, entry.size, batch_size)
-        .await
-        .map_err(malformed)?;
-    let file = entry.path.clone();
-    Ok(stream
+    }
+}
+
+/// The decoded batches of `entry` (each with its columns, as `prepare`
+/// gives them) conformed to `schema`; a batch that fails to decode fails
+/// the stream naming the file.
+fn conformed<E: std::fmt::Display>(
+    name: String,
+    entry: FileEntry,
+    schema: SchemaRef,
+    batches: impl futures::Stream<Item = Result<RecordBatch, E>> + Send + 'static,
+    prepare: impl Fn(RecordBatch) -> (RecordBatch, SchemaRef) + Send + 'static,
+) -> BatchStream {
+    batches
         .map(move |b| {
-            let b = b.map_err(|e| Error::Malformed {
+            let b = b.map_err(|e| malformed_file(&name, &entry, e.to_string()))?;
+            let (b, from) = prepare(b);
+            conform(&b, &from, &schema).map_err(|reason| Error::Schema {
                 source_name: name.clone(),
-                file: file.clone(),
-                line: None,
-                reason: e.to_string(),
-            })?;
-            conform(&b, &file_schema, &schema).map_err(|reason| Error::Schema {
-                source_name: name.clone(),
-                file: file.clone(),
+                file: entry.path.clone(),
                 reason,
             })
         })
-        .boxed())
+        .boxed()
 }
 
 /// Project and cast `batch` (with `from` schema) onto `to`, matching columns

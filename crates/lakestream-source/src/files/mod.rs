@@ -82,10 +82,14 @@ pub enum FileFormat {
     },
     /// Apache Parquet.
     Parquet,
+    /// Apache Avro object container files (the writer schema in each
+    /// file's header, resolved to the columns by name).
+    Avro,
 }
 
 impl FileFormat {
-    /// The format for a `STORED AS` name (`JSON`, `NDJSON`, `CSV`, `PARQUET`).
+    /// The format for a `STORED AS` name (`JSON`, `NDJSON`, `CSV`,
+    /// `PARQUET`, `AVRO`).
     pub fn from_name(name: &str) -> Option<Self> {
         match name.to_ascii_uppercase().as_str() {
             "JSON" | "NDJSON" | "JSONL" => Some(Self::Json),
@@ -94,6 +98,7 @@ impl FileFormat {
                 delimiter: b',',
             }),
             "PARQUET" => Some(Self::Parquet),
+            "AVRO" => Some(Self::Avro),
             _ => None,
         }
     }
@@ -345,11 +350,13 @@ impl FileSource {
                 .cloned()
                 .collect::<Vec<_>>(),
         ));
-        if options.on_error == OnError::DeadLetter && options.format == FileFormat::Parquet {
+        if options.on_error == OnError::DeadLetter
+            && matches!(options.format, FileFormat::Parquet | FileFormat::Avro)
+        {
             return Err(invalid(
                 "on_error",
                 "'dead_letter' sets aside undecodable lines of JSON and CSV files; a Parquet \
-                 file is read whole or not at all"
+                 or Avro file is read whole or not at all"
                     .into(),
             ));
         }
@@ -475,6 +482,17 @@ impl FileSource {
                     .await
                     .map_err(|e| malformed(e.to_string()))?;
                 builder.schema().as_ref().clone()
+            }
+            FileFormat::Avro => {
+                let reader = arrow_avro::reader::AsyncAvroFileReader::builder(
+                    crate::avro::StoreFile::new(store, path),
+                    first.size,
+                    1,
+                )
+                .try_build()
+                .await
+                .map_err(|e| malformed(e.to_string()))?;
+                crate::avro::columns_of(&reader.schema()).as_ref().clone()
             }
             FileFormat::Json => {
                 let bytes = decompress_all(
@@ -602,6 +620,7 @@ impl FileSource {
             let entry = FileEntry { size, ..entry };
             match format {
                 FileFormat::Parquet => parquet_stream(name, store, entry, schema, batch_size).await,
+                FileFormat::Avro => avro_stream(name, store, entry, schema, batch_size).await,
                 FileFormat::Json | FileFormat::Csv { .. } => {
                     let options = TextOptions {
                         format,

@@ -2,8 +2,9 @@
 //! timestamp, key, headers) and the value decoded as JSON, Avro, text or
 //! bytes, with malformed records named by topic, partition and offset.
 
-use super::registry::{AvroValues, Registered, cast_columns, decoder_for, framed_schema_id};
+use super::registry::{AvroValues, Registered};
 use super::*;
+use crate::avro::{cast_columns, decoder_for, framed_schema_id};
 
 /// Builds record batches from messages: value columns plus metadata.
 pub(super) struct RowBuilder {

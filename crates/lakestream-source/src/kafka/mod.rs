@@ -682,7 +682,7 @@ impl KafkaSource {
             // schema's fields.
             ValueFormat::Avro(ref a) => match value_schema.filter(|s| !s.fields().is_empty()) {
                 Some(s) => s,
-                None => registry::arrow_schema_of(&a.reader_schema).map_err(|reason| {
+                None => crate::avro::arrow_schema_of(&a.reader_schema).map_err(|reason| {
                     Error::InvalidOption {
                         source_name: name.to_string(),
                         option: "format".into(),
