@@ -22,6 +22,7 @@ use anyhow::{Context, bail};
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
+mod avro;
 mod broker;
 mod decode;
 mod latency;
@@ -62,8 +63,8 @@ pub(crate) struct BenchConfig {
 
 /// The workloads `--only` can pick.
 pub(crate) const WORKLOADS: &[&str] = &[
-    "backfill", "decode", "state", "update", "tiny", "writers", "history", "startup", "kafka",
-    "latency",
+    "backfill", "decode", "avro", "state", "update", "tiny", "writers", "history", "startup",
+    "kafka", "latency",
 ];
 
 impl BenchConfig {
@@ -876,6 +877,12 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
             generate_events(&events, cfg.rows, cfg.files)?;
         }
         decode::decode(&events, cfg.rows, if cfg.smoke { 1 } else { 3 })?;
+    }
+
+    // 2b. Avro against JSON on the same records: Kafka values record by
+    // record, and files through the file source.
+    if cfg.wants("avro") {
+        avro::avro(dir, cfg.rows, cfg.files, if cfg.smoke { 1 } else { 3 })?;
     }
 
     if cfg.wants("state") {

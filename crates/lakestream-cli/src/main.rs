@@ -250,7 +250,8 @@ enum Command {
         #[arg(long, value_name = "PYTHON")]
         spark_python: Option<PathBuf>,
         /// Run only these workloads (comma-separated): backfill, decode,
-        /// state, update, tiny, writers, history, startup, kafka, latency.
+        /// avro, state, update, tiny, writers, history, startup, kafka,
+        /// latency.
         #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(bench::WORKLOADS))]
         only: Vec<String>,
         /// Rounds of the backfill and its raw floor, run alternately (the
