@@ -12,7 +12,8 @@ a key of any bytes, "value_hex" for a value of any bytes, or
 "avro_schema" (an Avro schema's JSON) with "avro_value" (the record as a
 JSON object; {"$decimal": "12.34"} stands for a decimal): serialized by the client's AvroSerializer in the Confluent
 wire format, the schema registered with the registry that CONFIG_JSON's
-"schema.registry.url" (and "basic.auth.user.info") names. One record per
+"schema.registry.url" (with "basic.auth.user.info" and
+"schema.registry.ssl.ca.location") names. One record per
 produce request (batch.num.messages=1), since tansu's high watermark is
 exact only then. Prints one JSON line per record, in input order:
 {"partition": p, "offset": o}.
@@ -22,7 +23,7 @@ import sys
 
 from confluent_kafka import Producer
 
-REGISTRY_KEYS = ("schema.registry.url", "basic.auth.user.info")
+REGISTRY_KEYS = ("schema.registry.url", "basic.auth.user.info", "schema.registry.ssl.ca.location")
 
 
 def revive(v):

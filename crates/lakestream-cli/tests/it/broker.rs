@@ -117,7 +117,13 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
 /// A key and a certificate signed by the CA `ca` in `dir` (`<name>.pem`,
 /// `<name>.key`, the key encrypted with `password` when given) for
 /// `subject`, naming `alt_name` (`IP:127.0.0.1`, `DNS:broker`).
-fn sign(dir: &std::path::Path, name: &str, subject: &str, alt_name: &str, password: Option<&str>) {
+pub(crate) fn sign(
+    dir: &std::path::Path,
+    name: &str,
+    subject: &str,
+    alt_name: &str,
+    password: Option<&str>,
+) {
     let key = format!("{name}.key");
     let csr = format!("{name}.csr");
     let mut req = vec![

@@ -238,7 +238,7 @@ fn dead_letter_options_are_checked_before_anything_runs() {
     let o = run_available_now(dir, "job.sql", "ckpt", &[], &[]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        stderr(&o).contains("a Parquet file is read whole"),
+        stderr(&o).contains("a Parquet or Avro file is read whole"),
         "{}",
         text(&o)
     );

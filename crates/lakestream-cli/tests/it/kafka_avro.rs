@@ -8,13 +8,15 @@
 
 use std::time::Duration;
 
-use crate::broker::{Broker, produce_py_lines};
+use crate::broker::{Broker, make_ca, produce_py_lines, sign};
 use crate::common::*;
 
-/// The registry stand-in on a free loopback port, with HTTP basic auth.
+/// The registry stand-in on a free loopback port, with HTTP basic auth
+/// (and with TLS: the CA's directory).
 struct Registry {
     child: std::process::Child,
     port: u16,
+    tls: Option<tempfile::TempDir>,
 }
 
 const REGISTRY_USER: &str = "sr-user";
@@ -24,22 +26,71 @@ impl Registry {
     fn start() -> Self {
         let user = format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}");
         let (child, port) = spawn_py_server("registry.py", &["--user".as_ref(), user.as_ref()]);
-        Self { child, port }
+        Self {
+            child,
+            port,
+            tls: None,
+        }
+    }
+
+    /// The registry behind HTTPS, its certificate (for 127.0.0.1) signed by
+    /// a CA made here.
+    fn start_tls() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        make_ca(dir.path(), "ca");
+        sign(
+            dir.path(),
+            "registry",
+            "/CN=127.0.0.1",
+            "IP:127.0.0.1",
+            None,
+        );
+        let user = format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}");
+        let (cert, key) = (
+            dir.path().join("registry.pem"),
+            dir.path().join("registry.key"),
+        );
+        let (child, port) = spawn_py_server(
+            "registry.py",
+            &[
+                "--user".as_ref(),
+                user.as_ref(),
+                "--cert".as_ref(),
+                cert.as_os_str(),
+                "--key".as_ref(),
+                key.as_os_str(),
+            ],
+        );
+        Self {
+            child,
+            port,
+            tls: Some(dir),
+        }
+    }
+
+    /// The CA a TLS registry's certificate is signed by.
+    fn ca(&self) -> Option<std::path::PathBuf> {
+        self.tls.as_ref().map(|d| d.path().join("ca.pem"))
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// The producer settings that name this registry.
     fn producer_settings(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut settings = vec![
             ("schema.registry.url", self.url()),
             (
                 "basic.auth.user.info",
                 format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"),
             ),
-        ]
+        ];
+        if let Some(ca) = self.ca() {
+            settings.push(("schema.registry.ssl.ca.location", ca.display().to_string()));
+        }
+        settings
     }
 
     /// A Kafka table's registry options.
@@ -468,4 +519,51 @@ fn nested_and_logical_types_become_arrow_types_and_int_promotes_to_long() {
             "string"
         ])
     );
+}
+
+#[test]
+fn a_registry_behind_tls_is_trusted_through_its_ca_and_refused_without_it() {
+    let broker = Broker::start();
+    broker.create_topic("orders", 1);
+    let registry = Registry::start_tls();
+    let lines: Vec<serde_json::Value> = (0..5)
+        .map(|i| {
+            let mut l = order(i, V2, 2);
+            l["partition"] = 0.into();
+            l
+        })
+        .collect();
+    let placed = produce(&broker, &registry, &lines);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let job = |ca: &str| {
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (order_id VARCHAR, currency VARCHAR) \
+             STORED AS KAFKA LOCATION 'kafka://{}/orders'\nOPTIONS ({}{ca});\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO out SELECT order_id, currency, _partition, _offset FROM orders;\n",
+            broker.bootstrap(),
+            registry.job_options()
+        )
+    };
+    // Without the CA: the registry's certificate is not trusted.
+    std::fs::write(dir.join("job.sql"), job("")).unwrap();
+    let o = run(dir);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains(&registry.url()) && e.to_lowercase().contains("certificate"),
+        "{e}"
+    );
+
+    let ca = format!(
+        ", 'schema_registry_ca_location' '{}'",
+        registry.ca().unwrap().display()
+    );
+    std::fs::write(dir.join("job.sql"), job(&ca)).unwrap();
+    let o = run(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_py(&dir.join("out"));
+    crate::broker::assert_records_once(&rows, &placed);
+    assert!(rows.iter().all(|r| r["currency"] == "USD"), "{rows:?}");
 }

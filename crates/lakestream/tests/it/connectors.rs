@@ -124,12 +124,12 @@ async fn without_the_registration_the_name_is_refused_with_the_known_ones() {
         !dir.path().join("ckpt").exists(),
         "the checkpoint was touched"
     );
-    let stream = "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS AVRO LOCATION 'in/';\n\
+    let stream = "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS ORC LOCATION 'in/';\n\
                   CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
                   INSERT INTO out SELECT * FROM events;\n";
     let err = load_err(stream, &options).await;
     assert!(
-        err.contains("use CSV, DELTA, GENERATOR, JSON, KAFKA or PARQUET"),
+        err.contains("use AVRO, CSV, DELTA, GENERATOR, JSON, KAFKA or PARQUET"),
         "{err}"
     );
 }
