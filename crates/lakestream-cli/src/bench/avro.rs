@@ -77,9 +77,12 @@ fn avro_schema() -> anyhow::Result<String> {
     Ok(s.json_string)
 }
 
+/// Encoded record values, one `Vec` each.
+type Values = Vec<Vec<u8>>;
+
 /// `n` events as Confluent-framed Avro values (schema id 1) and as JSON
 /// objects.
-fn values(n: u64) -> anyhow::Result<(Vec<Vec<u8>>, Vec<Vec<u8>>)> {
+fn values(n: u64) -> anyhow::Result<(Values, Values)> {
     let mut avro = Vec::with_capacity(n as usize);
     let mut json = Vec::with_capacity(n as usize);
     let mut from = 0;
