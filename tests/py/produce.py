@@ -13,7 +13,8 @@ a key of any bytes, "value_hex" for a value of any bytes, or
 JSON object; {"$decimal": "12.34"} stands for a decimal): serialized by the client's AvroSerializer in the Confluent
 wire format, the schema registered with the registry that CONFIG_JSON's
 "schema.registry.url" (with "basic.auth.user.info" and
-"schema.registry.ssl.ca.location") names. One record per
+"schema.registry.ssl.ca.location") names; "avro_key_schema" with
+"avro_key" serializes the key likewise (subject TOPIC-key). One record per
 produce request (batch.num.messages=1), since tansu's high watermark is
 exact only then. Prints one JSON line per record, in input order:
 {"partition": p, "offset": o}.
@@ -51,16 +52,17 @@ def main() -> None:
     registry_conf = {k.removeprefix("schema.registry."): conf.pop(k) for k in REGISTRY_KEYS if k in conf}
     serializers = {}
 
-    def avro(schema, value):
-        if schema not in serializers:
+    def avro(schema, value, key=False):
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        field = MessageField.KEY if key else MessageField.VALUE
+        if (schema, field) not in serializers:
             from confluent_kafka.schema_registry import SchemaRegistryClient
             from confluent_kafka.schema_registry.avro import AvroSerializer
 
             client = SchemaRegistryClient(registry_conf)
-            serializers[schema] = AvroSerializer(client, schema)
-        from confluent_kafka.serialization import MessageField, SerializationContext
-
-        return serializers[schema](value, SerializationContext(topic, MessageField.VALUE))
+            serializers[(schema, field)] = AvroSerializer(client, schema)
+        return serializers[(schema, field)](value, SerializationContext(topic, field))
 
     producer = Producer(conf)
     records = [json.loads(line) for line in sys.stdin if line.strip()]
@@ -79,6 +81,8 @@ def main() -> None:
     for i, r in enumerate(records):
         key = r.get("key")
         key = bytes.fromhex(r["key_hex"]) if "key_hex" in r else key and key.encode()
+        if "avro_key_schema" in r:
+            key = avro(r["avro_key_schema"], revive(r["avro_key"]), key=True)
         if "avro_schema" in r:
             value = avro(r["avro_schema"], revive(r["avro_value"]))
         elif "value_hex" in r:

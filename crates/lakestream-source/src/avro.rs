@@ -42,13 +42,62 @@ impl arrow_avro::reader::AsyncFileReader for StoreFile {
     }
 }
 
-/// The Confluent framing of `payload`: its schema id, or why it has none.
-pub fn framed_schema_id(payload: Option<&[u8]>) -> std::result::Result<u32, String> {
+/// The record name a key schema that is not a record is wrapped in (see
+/// [`as_record`]).
+pub const KEY_WRAPPER: &str = "lakestream_key";
+
+/// `schema` as an Avro record: a record as it is (`false`), any other
+/// schema wrapped as the single field `key` of a record named
+/// [`KEY_WRAPPER`] (`true`). A record of one field is encoded exactly as
+/// that field, so a primitive key (`"string"`, `"long"`) decodes through
+/// the record decoder unchanged.
+pub fn as_record(schema: &str) -> std::result::Result<(String, bool), String> {
+    let v: serde_json::Value =
+        serde_json::from_str(schema).map_err(|e| format!("the schema is not JSON: {e}"))?;
+    if v.get("type").and_then(|t| t.as_str()) == Some("record") {
+        return Ok((schema.to_string(), false));
+    }
+    let wrapped = serde_json::json!({
+        "type": "record",
+        "name": KEY_WRAPPER,
+        "fields": [{"name": "key", "type": v}],
+    });
+    Ok((wrapped.to_string(), true))
+}
+
+/// Whether `reader` (a record schema) is a key wrapped by [`as_record`].
+pub fn is_wrapped(reader: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(reader)
+        .ok()
+        .and_then(|v| {
+            v.get("name")
+                .and_then(|n| n.as_str())
+                .map(|n| n == KEY_WRAPPER)
+        })
+        .unwrap_or(false)
+}
+
+/// The Arrow type of a key decoded with reader schema `reader` (a record,
+/// wrapped or not): the wrapped field's type, or a struct of the record's
+/// fields.
+pub fn key_type(reader: &str) -> std::result::Result<DataType, String> {
+    let cols = arrow_schema_of(reader)?;
+    if is_wrapped(reader) {
+        return Ok(cols.field(0).data_type().clone());
+    }
+    Ok(DataType::Struct(cols.fields().clone()))
+}
+
+/// The Confluent framing of `payload` (a record's `what`: value or key):
+/// its schema id, or why it has none.
+pub fn framed_schema_id(payload: Option<&[u8]>, what: &str) -> std::result::Result<u32, String> {
     match payload {
-        None => Err("the value is null (a tombstone): an Avro value was expected".into()),
+        None => Err(format!(
+            "the {what} is null (a tombstone): an Avro {what} was expected"
+        )),
         Some(p) if p.len() < 5 || p[0] != 0 => Err(format!(
-            "the value is not in the Confluent wire format (magic byte 0 and a 4-byte schema \
-             id before the Avro body; the value starts {:02x?})",
+            "the {what} is not in the Confluent wire format (magic byte 0 and a 4-byte schema \
+             id before the Avro body; it starts {:02x?})",
             &p[..p.len().min(5)]
         )),
         Some(p) => Ok(u32::from_be_bytes([p[1], p[2], p[3], p[4]])),
@@ -292,13 +341,24 @@ mod tests {
 
     #[test]
     fn framing_and_missing_columns_are_named() {
-        assert_eq!(framed_schema_id(Some(&[0, 0, 0, 1, 2, 9])), Ok(258));
-        assert!(
-            framed_schema_id(Some(b"{\"a\":1}"))
-                .unwrap_err()
-                .contains("wire format")
+        assert_eq!(
+            framed_schema_id(Some(&[0, 0, 0, 1, 2, 9]), "value"),
+            Ok(258)
         );
-        assert!(framed_schema_id(None).unwrap_err().contains("tombstone"));
+        let e = framed_schema_id(Some(b"{\"a\":1}"), "key").unwrap_err();
+        assert!(
+            e.contains("the key is not in the Confluent wire format"),
+            "{e}"
+        );
+        assert!(
+            framed_schema_id(None, "value")
+                .unwrap_err()
+                .contains("tombstone")
+        );
+        let (wrapped, was) = as_record("\"string\"").unwrap();
+        assert!(was && is_wrapped(&wrapped));
+        assert_eq!(key_type(&wrapped).unwrap(), DataType::Utf8);
+        assert!(!as_record(V1).unwrap().1);
         let e = project_reader_schema(
             V1,
             &Schema::new(vec![Field::new("x", DataType::Utf8, true)]),

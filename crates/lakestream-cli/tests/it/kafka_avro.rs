@@ -567,3 +567,107 @@ fn a_registry_behind_tls_is_trusted_through_its_ca_and_refused_without_it() {
     crate::broker::assert_records_once(&rows, &placed);
     assert!(rows.iter().all(|r| r["currency"] == "USD"), "{rows:?}");
 }
+
+#[test]
+fn avro_keys_become_typed_columns_null_keys_null_and_a_bad_key_is_dead_lettered() {
+    let (broker, registry, tmp) = setup(1);
+    broker.create_topic("keyed", 1);
+    let record_key = r#"{"type":"record","name":"OrderKey","fields":[
+        {"name":"region","type":"string"},{"name":"id","type":"long"}]}"#;
+    let with_key = |i: usize, key: Option<serde_json::Value>| {
+        let mut l = order(i, V1, 1);
+        l["partition"] = 0.into();
+        l.as_object_mut().unwrap().remove("key");
+        match key {
+            Some(k) => {
+                l["avro_key_schema"] = k["schema"].clone();
+                l["avro_key"] = k["value"].clone();
+            }
+            None => l["key"] = serde_json::Value::Null,
+        }
+        l
+    };
+    // Topic orders: string keys (a primitive key schema), one record
+    // without a key, one whose key is not in the wire format.
+    let mut lines: Vec<serde_json::Value> = (0..6)
+        .map(|i| {
+            with_key(
+                i,
+                Some(serde_json::json!({"schema": "\"string\"", "value": format!("user-{i}")})),
+            )
+        })
+        .collect();
+    lines.push(with_key(6, None));
+    let mut bad = with_key(7, None);
+    bad["key"] = "plain-text-key".into();
+    lines.push(bad);
+    produce(&broker, &registry, &lines);
+    // Topic keyed: record keys.
+    let lines: Vec<serde_json::Value> = (0..4)
+        .map(|i| {
+            with_key(
+                i,
+                Some(serde_json::json!({
+                    "schema": record_key,
+                    "value": {"region": if i % 2 == 0 { "eu" } else { "us" }, "id": i},
+                })),
+            )
+        })
+        .collect();
+    let settings = registry.producer_settings();
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    produce_py_lines(&broker, "keyed", &settings, &lines);
+
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (order_id VARCHAR) STORED AS KAFKA LOCATION \
+             'kafka://{b}/orders'\nOPTIONS ({o}, 'key_format' 'avro', 'on_error' 'dead_letter', \
+             'dead_letter_location' 'bad');\n\
+             CREATE UNBOUNDED EXTERNAL TABLE keyed (order_id VARCHAR) STORED AS KAFKA LOCATION \
+             'kafka://{b}/keyed'\nOPTIONS ({o}, 'key_format' 'avro');\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             CREATE EXTERNAL TABLE out2 STORED AS DELTA LOCATION 'out2';\n\
+             INSERT INTO out SELECT order_id, _key AS user FROM orders;\n\
+             INSERT INTO out2 SELECT order_id, _key.region AS region, _key.id AS key_id FROM keyed;\n",
+            b = broker.bootstrap(),
+            o = registry.job_options()
+        ),
+    )
+    .unwrap();
+    let o = run(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut rows = read_py(&dir.join("out"));
+    rows.sort_by_key(|r| r["order_id"].as_str().unwrap().to_string());
+    let got: Vec<(String, serde_json::Value)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["order_id"].as_str().unwrap().to_string(),
+                r["user"].clone(),
+            )
+        })
+        .collect();
+    let mut want: Vec<(String, serde_json::Value)> = (0..6)
+        .map(|i| (format!("o-{i}"), format!("user-{i}").into()))
+        .collect();
+    want.push(("o-6".into(), serde_json::Value::Null));
+    assert_eq!(got, want);
+    let bad = read_py(&dir.join("bad"));
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("the key is not in the Confluent wire format"),
+        "{bad:?}"
+    );
+    let mut rows = read_py(&dir.join("out2"));
+    rows.sort_by_key(|r| r["order_id"].as_str().unwrap().to_string());
+    let regions: Vec<(&str, i64)> = rows
+        .iter()
+        .map(|r| (r["region"].as_str().unwrap(), r["key_id"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(regions, [("eu", 0), ("us", 1), ("eu", 2), ("us", 3)]);
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lakestream_source::Source;
-use lakestream_source::avro::project_reader_schema;
+use lakestream_source::avro::{as_record, project_reader_schema};
 use lakestream_source::kafka::registry::{AvroValues, RegistryOptions, SchemaRegistry};
 use lakestream_source::kafka::{
     EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, KeyFormat,
@@ -52,6 +52,7 @@ impl SourceConnector for KafkaConnector {
             "schema_registry_password",
             "schema_registry_ca_location",
             "value_subject",
+            "key_subject",
         ]
     }
 
@@ -123,12 +124,17 @@ impl SourceConnector for KafkaConnector {
         {
             None | Some("raw") => KeyFormat::Raw,
             Some("string") => KeyFormat::String,
+            // Built with the registry, once the timeouts are read.
+            Some("avro") => KeyFormat::Raw,
             Some(other) => {
                 return Err(err(format!(
-                    "key_format {other:?} is not supported: use raw or string"
+                    "key_format {other:?} is not supported: use raw, string or avro"
                 )));
             }
         };
+        let avro_keys = ctx
+            .option("key_format")
+            .is_some_and(|f| f.eq_ignore_ascii_case("avro"));
         let offsets_map = |key: &str,
                            v: &str|
          -> Result<
@@ -246,19 +252,32 @@ impl SourceConnector for KafkaConnector {
             None | Some("json") => ValueFormat::Json,
             Some("raw") => ValueFormat::Raw,
             Some("string") => ValueFormat::String,
-            Some("avro") => ValueFormat::Avro(avro_values(ctx, &o, &registry_file).await?),
+            Some("avro") => {
+                ValueFormat::Avro(avro_values(ctx, &o, &registry_file, AvroPart::Value).await?)
+            }
             Some(other) => {
                 return Err(err(format!(
                     "format {other:?} is not supported: use json, avro, raw or string"
                 )));
             }
         };
+        if avro_keys {
+            o.key_format =
+                KeyFormat::Avro(avro_values(ctx, &o, &registry_file, AvroPart::Key).await?);
+        }
         if !matches!(o.format, ValueFormat::Avro(_)) {
-            for key in ["schema_registry_url", "value_subject"] {
-                if ctx.option(key).is_some() {
-                    return Err(err(format!("option {key} needs 'format' 'avro'")));
-                }
+            if ctx.option("value_subject").is_some() {
+                return Err(err("option value_subject needs 'format' 'avro'".into()));
             }
+            if ctx.option("schema_registry_url").is_some() && !avro_keys {
+                return Err(err(
+                    "option schema_registry_url needs 'format' 'avro' or 'key_format' 'avro'"
+                        .into(),
+                ));
+            }
+        }
+        if ctx.option("key_subject").is_some() && !avro_keys {
+            return Err(err("option key_subject needs 'key_format' 'avro'".into()));
         }
         o.client_config = settings;
         o.client_config.remove("bootstrap.servers");
@@ -305,19 +324,37 @@ fn client_settings(ctx: &TableContext<'_>) -> Result<BTreeMap<String, String>> {
     Ok(settings)
 }
 
-/// The key of the reader schema an Avro Kafka source keeps in the
-/// checkpoint (`sources/<table>/avro_reader_schema`).
-const READER_SCHEMA_STATE: &str = "avro_reader_schema";
+/// Which part of a record is Avro.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AvroPart {
+    Value,
+    Key,
+}
 
-/// `format 'avro'`: the registry client, and the reader schema: the value
-/// subject's latest schema when the query first ran (kept in the
-/// checkpoint, so a restart resolves every record the same way), cut
-/// down to the declared columns.
+impl AvroPart {
+    /// The option naming the subject, its default suffix, and the
+    /// checkpoint file keeping the reader schema
+    /// (`sources/<table>/<file>`).
+    fn names(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            AvroPart::Value => ("value_subject", "value", "avro_reader_schema"),
+            AvroPart::Key => ("key_subject", "key", "avro_key_schema"),
+        }
+    }
+}
+
+/// `format 'avro'` (or `key_format 'avro'`): the registry client, and the
+/// reader schema: the subject's latest schema when the query first ran
+/// (kept in the checkpoint, so a restart resolves every record the same
+/// way), for values cut down to the declared columns, for keys a record
+/// (a primitive key schema wrapped as one field).
 async fn avro_values(
     ctx: &TableContext<'_>,
     o: &KafkaSourceOptions,
     from_file: &BTreeMap<String, String>,
+    part: AvroPart,
 ) -> Result<AvroValues> {
+    let (subject_option, suffix, state_file) = part.names();
     let t = ctx.table();
     let setting = |key: &str, file_key: &str| -> Result<Option<String>> {
         match ctx.option(key) {
@@ -329,8 +366,8 @@ async fn avro_values(
     };
     let urls = setting("schema_registry_url", "schema.registry.url")?.ok_or_else(|| {
         ctx.error(format!(
-            "format 'avro' of {} needs 'schema_registry_url' (the Confluent-compatible \
-             registry the values' schema ids refer to)",
+            "Avro in {} needs 'schema_registry_url' (the Confluent-compatible registry \
+             the schema ids refer to)",
             t.name
         ))
     })?;
@@ -367,13 +404,13 @@ async fn avro_values(
             request_timeout: o.request_timeout,
         },
     )?);
-    let subject = match (ctx.option("value_subject"), &o.topics) {
+    let subject = match (ctx.option(subject_option), &o.topics) {
         (Some(s), _) => s.to_string(),
-        (None, Topics::List(topics)) if topics.len() == 1 => format!("{}-value", topics[0]),
+        (None, Topics::List(topics)) if topics.len() == 1 => format!("{}-{suffix}", topics[0]),
         (None, _) => {
             return Err(ctx.error(format!(
-                "format 'avro' of {} reads several topics: name the subject whose latest \
-                 schema gives the columns with 'value_subject'",
+                "Avro in {} that reads several topics: name the subject whose latest schema \
+                 is the reader schema with '{subject_option}'",
                 t.name
             )));
         }
@@ -382,7 +419,7 @@ async fn avro_values(
         ctx.checkpoint(),
         ctx.storage_options(),
         &t.name,
-        READER_SCHEMA_STATE,
+        state_file,
     )
     .await?;
     let pinned = match stored {
@@ -393,7 +430,7 @@ async fn avro_values(
                 ctx.checkpoint(),
                 ctx.storage_options(),
                 &t.name,
-                READER_SCHEMA_STATE,
+                state_file,
                 serde_json::json!({
                     "subject": latest.subject,
                     "version": latest.version,
@@ -407,7 +444,7 @@ async fn avro_values(
     let Some(schema) = pinned.get("schema").and_then(|s| s.as_str()) else {
         return Err(lakestream_checkpoint::Error::Corrupt {
             file: format!(
-                "{}/sources/{}/{READER_SCHEMA_STATE}",
+                "{}/sources/{}/{state_file}",
                 ctx.checkpoint().trim_end_matches('/'),
                 t.name
             ),
@@ -416,6 +453,16 @@ async fn avro_values(
         .into());
     };
     let reader_schema = match &t.schema {
+        _ if part == AvroPart::Key => {
+            as_record(schema)
+                .map_err(|m| {
+                    ctx.error(format!(
+                        "the key schema of subject {subject} (table {}): {m}",
+                        t.name
+                    ))
+                })?
+                .0
+        }
         Some(cols) if !cols.fields().is_empty() => {
             project_reader_schema(schema, cols).map_err(|m| {
                 ctx.error(format!(

@@ -36,6 +36,51 @@ pub(super) struct RowBuilder {
 enum KeyColumn {
     Bytes(BinaryBuilder),
     Text(StringBuilder),
+    Avro(Box<AvroKeys>),
+}
+
+/// Avro keys: the decoded (non-null) keys, and which rows have one.
+struct AvroKeys {
+    rows: AvroRows,
+    present: Vec<bool>,
+    /// The key schema is not a record (see `crate::avro::as_record`): the
+    /// single decoded column is the key.
+    wrapped: bool,
+}
+
+impl AvroKeys {
+    /// The `_key` column of every row pushed since the last call: NULL
+    /// where a record had no key.
+    fn finish(&mut self) -> std::result::Result<ArrayRef, String> {
+        let cols = self.rows.finish()?;
+        let keys: ArrayRef = if self.wrapped {
+            cols[0].clone()
+        } else {
+            Arc::new(
+                arrow::array::StructArray::try_new(
+                    self.rows.value_schema.fields().clone(),
+                    cols,
+                    None,
+                )
+                .map_err(|e| e.to_string())?,
+            )
+        };
+        let present = std::mem::take(&mut self.present);
+        if present.iter().all(|p| *p) {
+            return Ok(keys);
+        }
+        let mut next = 0u32;
+        let indices: arrow::array::UInt32Array = present
+            .iter()
+            .map(|p| {
+                p.then(|| {
+                    next += 1;
+                    next - 1
+                })
+            })
+            .collect();
+        arrow::compute::take(&keys, &indices, None).map_err(|e| e.to_string())
+    }
 }
 
 impl RowBuilder {
@@ -43,7 +88,7 @@ impl RowBuilder {
         source: String,
         schema: SchemaRef,
         value_schema: SchemaRef,
-        format: ValueFormat,
+        (format, key_format): (ValueFormat, KeyFormat),
         batch_size: usize,
         rejects: Option<crate::Rejects>,
     ) -> Result<Self> {
@@ -52,21 +97,33 @@ impl RowBuilder {
             _ => None,
         };
         let avro = match &format {
-            ValueFormat::Avro(values) => Some(AvroRows {
-                values: values.clone(),
-                value_schema: value_schema.clone(),
+            ValueFormat::Avro(values) => Some(AvroRows::new(
+                values.clone(),
+                value_schema.clone(),
                 batch_size,
-                decoders: HashMap::new(),
-                current: None,
-                keep_pending: rejects.is_some(),
-                pending: Vec::new(),
-                done: Vec::new(),
-            }),
+                rejects.is_some(),
+                false,
+            )),
             _ => None,
         };
-        let key = match schema.field_with_name("_key").map(|f| f.data_type()) {
-            Ok(arrow::datatypes::DataType::Utf8) => KeyColumn::Text(StringBuilder::new()),
-            _ => KeyColumn::Bytes(BinaryBuilder::new()),
+        let key = match key_format {
+            KeyFormat::String => KeyColumn::Text(StringBuilder::new()),
+            KeyFormat::Raw => KeyColumn::Bytes(BinaryBuilder::new()),
+            KeyFormat::Avro(values) => {
+                let key_schema =
+                    crate::avro::arrow_schema_of(&values.reader_schema).map_err(|reason| {
+                        Error::InvalidOption {
+                            source_name: source.clone(),
+                            option: "key_format".into(),
+                            reason,
+                        }
+                    })?;
+                KeyColumn::Avro(Box::new(AvroKeys {
+                    wrapped: crate::avro::is_wrapped(&values.reader_schema),
+                    rows: AvroRows::new(values, key_schema, batch_size, rejects.is_some(), true),
+                    present: Vec::new(),
+                }))
+            }
         };
         Ok(Self {
             source,
@@ -138,13 +195,36 @@ impl RowBuilder {
         &self,
         m: &impl Message,
     ) -> Option<(u32, Arc<super::registry::SchemaRegistry>)> {
-        let a = self.avro.as_ref()?;
-        let id = framed_schema_id(m.payload()).ok()?;
-        a.values
-            .registry
-            .cached(id)
-            .is_none()
-            .then(|| (id, a.values.registry.clone()))
+        let missing = |a: &AvroRows, bytes: Option<&[u8]>| {
+            let id = framed_schema_id(bytes, "value").ok()?;
+            a.values
+                .registry
+                .cached(id)
+                .is_none()
+                .then(|| (id, a.values.registry.clone()))
+        };
+        let value = self.avro.as_ref().and_then(|a| missing(a, m.payload()));
+        value.or_else(|| match &self.key {
+            KeyColumn::Avro(k) => missing(&k.rows, m.key()),
+            _ => None,
+        })
+    }
+
+    /// Take back the Avro key decoded for a record whose value then
+    /// failed (only with dead letters: otherwise the failure fails the
+    /// batch).
+    fn undo_key(&mut self) -> Result<()> {
+        if let KeyColumn::Avro(k) = &mut self.key
+            && self.rejects.is_some()
+            && k.present.pop() == Some(true)
+        {
+            k.rows.drop_last().map_err(|reason| Error::Schema {
+                source_name: self.source.clone(),
+                file: "kafka".into(),
+                reason: format!("key: {reason}"),
+            })?;
+        }
+        Ok(())
     }
 
     pub(super) fn is_full(&self) -> bool {
@@ -166,11 +246,23 @@ impl RowBuilder {
         {
             return self.reject(m, malformed(format!("key is not UTF-8: {e}")));
         }
+        if let KeyColumn::Avro(k) = &mut self.key {
+            let decoded = match m.key() {
+                None => Ok(()),
+                Some(bytes) => k.rows.push(Some(bytes)),
+            };
+            match decoded {
+                Ok(()) => k.present.push(m.key().is_some()),
+                Err(reason) => return self.reject(m, malformed(reason)),
+            }
+        }
         match &self.format {
             ValueFormat::Avro(_) => {
                 let pushed = self.avro.as_mut().expect("avro decoder").push(m.payload());
                 if let Err(reason) = pushed {
-                    return self.reject(m, malformed(reason));
+                    let err = malformed(reason);
+                    self.undo_key()?;
+                    return self.reject(m, err);
                 }
             }
             ValueFormat::Json => {
@@ -194,6 +286,7 @@ impl RowBuilder {
                         return Err(err);
                     }
                     self.redecode_pending()?;
+                    self.undo_key()?;
                     return self.reject(m, err);
                 }
                 self.pending.push(value.to_vec());
@@ -208,7 +301,11 @@ impl RowBuilder {
             ValueFormat::String => match m.payload() {
                 Some(v) => match std::str::from_utf8(v) {
                     Ok(text) => self.text.append_value(text),
-                    Err(e) => return self.reject(m, malformed(format!("value is not UTF-8: {e}"))),
+                    Err(e) => {
+                        let err = malformed(format!("value is not UTF-8: {e}"));
+                        self.undo_key()?;
+                        return self.reject(m, err);
+                    }
                 },
                 None => self.text.append_null(),
             },
@@ -220,6 +317,8 @@ impl RowBuilder {
                 b.append_value(std::str::from_utf8(k).expect("checked before the value"))
             }
             (KeyColumn::Text(b), None) => b.append_null(),
+            // Decoded before the value.
+            (KeyColumn::Avro(_), _) => {}
         }
         self.topic.append_value(m.topic());
         self.partition.append_value(m.partition());
@@ -299,6 +398,11 @@ impl RowBuilder {
             match &mut self.key {
                 KeyColumn::Bytes(b) => Arc::new(b.finish()),
                 KeyColumn::Text(b) => Arc::new(b.finish()),
+                KeyColumn::Avro(k) => k.finish().map_err(|reason| Error::Schema {
+                    source_name: self.source.clone(),
+                    file: "kafka".into(),
+                    reason: format!("key: {reason}"),
+                })?,
             },
             Arc::new(self.topic.finish()),
             Arc::new(self.partition.finish()),
@@ -441,25 +545,89 @@ struct AvroRows {
     pending: Vec<Vec<u8>>,
     /// Rows decoded under earlier schema ids, cast to the columns.
     done: Vec<RecordBatch>,
+    /// Keys: a writer schema that is not a record is wrapped as the
+    /// reader schema is.
+    key: bool,
 }
 
 impl AvroRows {
+    fn new(
+        values: AvroValues,
+        value_schema: SchemaRef,
+        batch_size: usize,
+        keep_pending: bool,
+        key: bool,
+    ) -> Self {
+        Self {
+            values,
+            value_schema,
+            batch_size,
+            decoders: HashMap::new(),
+            current: None,
+            keep_pending,
+            pending: Vec::new(),
+            done: Vec::new(),
+            key,
+        }
+    }
+
+    /// The decoder of writer schema `id` (written as `writer`).
+    fn fresh_decoder(
+        &self,
+        id: u32,
+        writer: &str,
+    ) -> std::result::Result<arrow_avro::reader::Decoder, String> {
+        let writer = if self.key {
+            crate::avro::as_record(writer)?.0
+        } else {
+            writer.to_string()
+        };
+        decoder_for(id, &writer, &self.values.reader_schema, self.batch_size)
+    }
+
+    /// Take back the last value pushed (with `keep_pending` only): the
+    /// decoder is rebuilt from the values before it.
+    fn drop_last(&mut self) -> std::result::Result<(), String> {
+        let (Some(id), Some(_)) = (self.current, self.pending.pop()) else {
+            return Ok(());
+        };
+        let Some(Registered::Avro(writer)) = self.values.registry.cached(id) else {
+            return Ok(());
+        };
+        self.redecode_pending(id, &writer)
+    }
+
+    /// Replace schema `id`'s decoder by a fresh one holding exactly the
+    /// pending values (after one left it in an unknown state, or was taken
+    /// back).
+    fn redecode_pending(&mut self, id: u32, writer: &str) -> std::result::Result<(), String> {
+        let mut fresh = self.fresh_decoder(id, writer)?;
+        for v in &self.pending {
+            fresh
+                .decode(v)
+                .map_err(|e| format!("a value that decoded before no longer does: {e}"))?;
+        }
+        self.decoders.insert(id, Ok(fresh));
+        Ok(())
+    }
+
     /// Decode one value; `Err` says why it is a bad record (nothing of it
     /// was kept).
     fn push(&mut self, payload: Option<&[u8]>) -> std::result::Result<(), String> {
-        let id = framed_schema_id(payload)?;
+        let what = if self.key { "key" } else { "value" };
+        let id = framed_schema_id(payload, what)?;
         let p = payload.expect("framed");
         let writer = match self.values.registry.cached(id) {
             Some(Registered::Avro(w)) => w,
             Some(Registered::Unknown) => {
                 return Err(format!(
-                    "schema id {id} is not known to the schema registry {}",
+                    "the {what}'s schema id {id} is not known to the schema registry {}",
                     self.values.registry.urls()
                 ));
             }
             Some(Registered::OtherType(t)) => {
                 return Err(format!(
-                    "schema id {id} is a {t} schema in the registry, not Avro"
+                    "the {what}'s schema id {id} is a {t} schema in the registry, not Avro"
                 ));
             }
             None => return Err(format!("schema id {id} was not fetched from the registry")),
@@ -468,17 +636,17 @@ impl AvroRows {
             self.flush_current()?;
             self.current = Some(id);
         }
-        let reader = &self.values.reader_schema;
-        let batch_size = self.batch_size;
-        let d = self
-            .decoders
-            .entry(id)
-            .or_insert_with(|| decoder_for(id, &writer, reader, batch_size));
+        if !self.decoders.contains_key(&id) {
+            let d = self.fresh_decoder(id, &writer);
+            self.decoders.insert(id, d);
+        }
+        let d = self.decoders.get_mut(&id).expect("inserted");
         let d = match d {
             Ok(d) => d,
             Err(e) => {
                 return Err(format!(
-                    "schema id {id} cannot be resolved to the columns (subject {}): {e}",
+                    "the {what}'s schema id {id} cannot be resolved to the reader schema \
+                     (subject {}): {e}",
                     self.values.subject
                 ));
             }
@@ -501,13 +669,7 @@ impl AvroRows {
         if self.keep_pending {
             // The failed value may have left part of a row in the decoder:
             // a fresh one takes the values before it again.
-            let mut fresh = decoder_for(id, &writer, reader, batch_size)?;
-            for v in &self.pending {
-                fresh
-                    .decode(v)
-                    .map_err(|e| format!("a value that decoded before no longer does: {e}"))?;
-            }
-            self.decoders.insert(id, Ok(fresh));
+            self.redecode_pending(id, &writer)?;
         }
         Err(reason)
     }

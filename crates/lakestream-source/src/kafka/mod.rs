@@ -64,7 +64,7 @@ pub enum ValueFormat {
 }
 
 /// How record keys are turned into the `_key` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum KeyFormat {
     /// The key as bytes (`BINARY`).
     #[default]
@@ -72,6 +72,10 @@ pub enum KeyFormat {
     /// The key as UTF-8 text (`VARCHAR`); a key that is not UTF-8 is a bad
     /// record.
     String,
+    /// Avro in the Confluent wire format through a schema registry: `_key`
+    /// has the key schema's type (a record's fields as a struct). The
+    /// reader schema is a record ([`crate::avro::as_record`]).
+    Avro(registry::AvroValues),
 }
 
 /// Where a partition starts when the query first sees it.
@@ -624,12 +628,19 @@ pub const METADATA_COLUMNS: [&str; 6] = [
     "_headers",
 ];
 
-fn metadata_fields(key_format: KeyFormat) -> Vec<Field> {
+fn metadata_fields(source: &str, key_format: &KeyFormat) -> Result<Vec<Field>> {
     let key = match key_format {
         KeyFormat::Raw => DataType::Binary,
         KeyFormat::String => DataType::Utf8,
+        KeyFormat::Avro(a) => {
+            crate::avro::key_type(&a.reader_schema).map_err(|reason| Error::InvalidOption {
+                source_name: source.to_string(),
+                option: "key_format".into(),
+                reason: format!("the key schema of subject {}: {reason}", a.subject),
+            })?
+        }
     };
-    vec![
+    Ok(vec![
         Field::new("_key", key, true),
         Field::new("_topic", DataType::Utf8, false),
         Field::new("_partition", DataType::Int32, false),
@@ -640,7 +651,7 @@ fn metadata_fields(key_format: KeyFormat) -> Vec<Field> {
             true,
         ),
         Field::new("_headers", DataType::Utf8, true),
-    ]
+    ])
 }
 
 /// Config keys whose values are secrets: never logged or shown.
@@ -700,7 +711,7 @@ impl KafkaSource {
             .iter()
             .map(|f| f.as_ref().clone())
             .collect();
-        for m in metadata_fields(options.key_format) {
+        for m in metadata_fields(name, &options.key_format)? {
             if fields.iter().any(|f| f.name() == m.name()) {
                 return Err(Error::InvalidOption {
                     source_name: name.to_string(),

@@ -233,6 +233,7 @@ impl KafkaSource {
         let schema = self.schema.clone();
         let value_schema = self.value_schema.clone();
         let format = self.options.format.clone();
+        let key_format = self.options.key_format.clone();
         let batch_size = self.options.batch_size.max(1);
         let timeout = self.options.read_timeout;
         let request_timeout = self.options.request_timeout;
@@ -288,7 +289,7 @@ impl KafkaSource {
                 name.clone(),
                 schema,
                 value_schema,
-                format,
+                (format, key_format),
                 batch_size,
                 rejects,
             )?;
