@@ -14,7 +14,11 @@ JSON object; {"$decimal": "12.34"} stands for a decimal): serialized by the clie
 wire format, the schema registered with the registry that CONFIG_JSON's
 "schema.registry.url" (with "basic.auth.user.info" and
 "schema.registry.ssl.ca.location") names; "avro_key_schema" with
-"avro_key" serializes the key likewise (subject TOPIC-key). One record per
+"avro_key" serializes the key likewise (subject TOPIC-key); "proto_file"
+(a compact description of a .proto file, see `proto_class`), "proto_message"
+(a message's full name) and "proto_value" (the message in Protobuf's JSON
+mapping) serialize the value with the client's ProtobufSerializer. One
+record per
 produce request (batch.num.messages=1), since tansu's high watermark is
 exact only then. Prints one JSON line per record, in input order:
 {"partition": p, "offset": o}.
@@ -25,6 +29,54 @@ import sys
 from confluent_kafka import Producer
 
 REGISTRY_KEYS = ("schema.registry.url", "basic.auth.user.info", "schema.registry.ssl.ca.location")
+
+
+SCALARS = {
+    "double": 1, "float": 2, "int64": 3, "uint64": 4, "int32": 5, "bool": 8,
+    "string": 9, "bytes": 12, "uint32": 13, "sint32": 17, "sint64": 18,
+}
+CLASSES = {}
+
+
+def proto_class(spec, message):
+    """The message class `message` of the file `spec` describes:
+    {"name": "orders.proto", "package": "shop", "dependency": [...],
+     "messages": [{"name": "Order", "fields": [{"name", "number", "type",
+     "repeated"?}]}], "enums": [{"name", "values": [...]}]}; a field's type
+    is a scalar name or a full name with a leading dot (".shop.Place",
+    ".google.protobuf.Timestamp")."""
+    key = json.dumps(spec, sort_keys=True)
+    if (key, message) in CLASSES:
+        return CLASSES[(key, message)]
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf import timestamp_pb2  # noqa: F401 (registers the type)
+
+    f = descriptor_pb2.FileDescriptorProto(name=spec["name"], package=spec["package"], syntax="proto3")
+    f.dependency.extend(spec.get("dependency", []))
+    enums = {f".{spec['package']}.{e['name']}" for e in spec.get("enums", [])}
+    for e in spec.get("enums", []):
+        ed = f.enum_type.add(name=e["name"])
+        for i, v in enumerate(e["values"]):
+            ed.value.add(name=v, number=i)
+    for m in spec["messages"]:
+        md = f.message_type.add(name=m["name"])
+        for fld in m["fields"]:
+            fd = md.field.add(name=fld["name"], number=fld["number"], json_name=fld["name"])
+            fd.label = 3 if fld.get("repeated") else 1
+            t = fld["type"]
+            if t in SCALARS:
+                fd.type = SCALARS[t]
+            else:
+                fd.type = 14 if t in enums else 11
+                fd.type_name = t
+    pool = descriptor_pool.Default()
+    try:
+        pool.Add(f)
+    except TypeError:
+        pass  # added before, by an earlier record
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(message))
+    CLASSES[(key, message)] = cls
+    return cls
 
 
 def revive(v):
@@ -64,6 +116,19 @@ def main() -> None:
             serializers[(schema, field)] = AvroSerializer(client, schema)
         return serializers[(schema, field)](value, SerializationContext(topic, field))
 
+    def protobuf(spec, message, value):
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+        from google.protobuf import json_format
+
+        cls = proto_class(spec, message)
+        if cls not in serializers:
+            client = SchemaRegistryClient(registry_conf)
+            serializers[cls] = ProtobufSerializer(cls, client, {"use.deprecated.format": False})
+        msg = json_format.ParseDict(value, cls())
+        return serializers[cls](msg, SerializationContext(topic, MessageField.VALUE))
+
     producer = Producer(conf)
     records = [json.loads(line) for line in sys.stdin if line.strip()]
     placed = [None] * len(records)
@@ -85,6 +150,8 @@ def main() -> None:
             key = avro(r["avro_key_schema"], revive(r["avro_key"]), key=True)
         if "avro_schema" in r:
             value = avro(r["avro_schema"], revive(r["avro_value"]))
+        elif "proto_file" in r:
+            value = protobuf(r["proto_file"], r["proto_message"], r["proto_value"])
         elif "value_hex" in r:
             value = bytes.fromhex(r["value_hex"])
         else:

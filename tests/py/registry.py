@@ -3,12 +3,14 @@
 No Confluent-compatible registry installs from a package registry these
 tests may use (Confluent's and Apicurio's are Maven/Docker artifacts,
 Aiven's Karapace is not on PyPI), so the tests run this stand-in for the
-REST endpoints producers and lakestream call. It keeps schemas in memory,
-checks no compatibility, and answers in the registry's own JSON shapes
-and error codes:
+REST endpoints producers and lakestream call. It keeps schemas in memory
+as they were registered (a Protobuf schema as the base64
+FileDescriptorProto the Python serializer registers, which is also what
+the registry answers `?format=serialized` with), checks no compatibility,
+and answers in the registry's own JSON shapes and error codes:
 
   POST /subjects/{subject}/versions     {"schema", "schemaType"?} -> {"id"}
-  GET  /schemas/ids/{id}                -> {"schema", "schemaType"?}
+  GET  /schemas/ids/{id}                -> {"schema", "schemaType"?, "references"?}
   GET  /subjects/{subject}/versions/latest | /versions/{n}
                                         -> {"subject", "version", "id", "schema"}
   GET  /subjects                        -> [subject, ...]
@@ -80,6 +82,8 @@ class Handler(BaseHTTPRequestHandler):
                 body = {"schema": s["schema"]}
                 if s["schemaType"] != "AVRO":
                     body["schemaType"] = s["schemaType"]
+                if s["references"]:
+                    body["references"] = s["references"]
                 return self.answer(200, body)
             if path == "/subjects":
                 return self.answer(200, sorted(SUBJECTS))
@@ -122,7 +126,7 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             found = [i for i, s in SCHEMAS.items() if s["schema"] == schema and s["schemaType"] == kind]
             sid = found[0] if found else len(SCHEMAS) + 1
-            SCHEMAS[sid] = {"schema": schema, "schemaType": kind}
+            SCHEMAS[sid] = {"schema": schema, "schemaType": kind, "references": req.get("references") or []}
             versions = SUBJECTS.setdefault(m.group(1), [])
             if sid not in versions:
                 versions.append(sid)

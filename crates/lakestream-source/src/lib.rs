@@ -25,6 +25,7 @@ pub mod delta;
 pub mod files;
 pub mod generator;
 pub mod kafka;
+pub mod protobuf;
 
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! Avro values in the Confluent wire format, produced by an independent
-//! client (`confluent-kafka`'s `AvroSerializer`, whose `SchemaRegistryClient`
+//! Avro and Protobuf values in the Confluent wire format, produced by an independent
+//! client (`confluent-kafka`'s `AvroSerializer` and `ProtobufSerializer`, whose
+//! `SchemaRegistryClient`
 //! registers each schema) and read through a schema registry.
 //!
 //! The registry is `tests/py/registry.py`, a minimal stand-in for the
@@ -654,15 +655,7 @@ fn avro_keys_become_typed_columns_null_keys_null_and_a_bad_key_is_dead_lettered(
         .collect();
     want.push(("o-6".into(), serde_json::Value::Null));
     assert_eq!(got, want);
-    let bad = read_py(&dir.join("bad"));
-    assert_eq!(bad.len(), 1, "{bad:?}");
-    assert!(
-        bad[0]["error"]
-            .as_str()
-            .unwrap()
-            .contains("the key is not in the Confluent wire format"),
-        "{bad:?}"
-    );
+    assert_one_dead_letter(dir, "the key is not in the Confluent wire format");
     let mut rows = read_py(&dir.join("out2"));
     rows.sort_by_key(|r| r["order_id"].as_str().unwrap().to_string());
     let regions: Vec<(&str, i64)> = rows
@@ -670,4 +663,112 @@ fn avro_keys_become_typed_columns_null_keys_null_and_a_bad_key_is_dead_lettered(
         .map(|r| (r["region"].as_str().unwrap(), r["key_id"].as_i64().unwrap()))
         .collect();
     assert_eq!(regions, [("eu", 0), ("us", 1), ("eu", 2), ("us", 3)]);
+}
+
+/// A `.proto` file for `tests/py/produce.py`'s `proto_class`: `Order` in
+/// `package`, with `currency` (field 8) when `with_currency`.
+fn orders_proto(package: &str, with_currency: bool) -> serde_json::Value {
+    let mut fields = serde_json::json!([
+        {"name": "order_id", "number": 1, "type": "string"},
+        {"name": "amount", "number": 2, "type": "double"},
+        {"name": "ts", "number": 3, "type": ".google.protobuf.Timestamp"},
+        {"name": "status", "number": 4, "type": format!(".{package}.Status")},
+        {"name": "tags", "number": 5, "type": "string", "repeated": true},
+        {"name": "qty", "number": 7, "type": "int64"}
+    ]);
+    if with_currency {
+        fields
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"name": "currency", "number": 8, "type": "string"}));
+    }
+    serde_json::json!({
+        "name": format!("{package}/orders.proto"),
+        "package": package,
+        "dependency": ["google/protobuf/timestamp.proto"],
+        "enums": [{"name": "Status", "values": ["NEW", "SENT"]}],
+        "messages": [{"name": "Order", "fields": fields}],
+    })
+}
+
+#[test]
+fn protobuf_values_of_two_schema_versions_are_read_by_field_name_and_unknown_ids_dead_lettered() {
+    let (broker, registry, tmp) = setup(1);
+    let proto = |i: usize, package: &str, v2: bool| {
+        let mut value = serde_json::json!({
+            "order_id": format!("o-{i}"),
+            "amount": i as f64 + 0.5,
+            "ts": "2026-01-01T00:00:00Z",
+            "status": if i.is_multiple_of(2) { "NEW" } else { "SENT" },
+            "tags": ["a"],
+            "qty": (i as i64) * 10_000_000_000,
+        });
+        if v2 {
+            value["currency"] = "USD".into();
+        }
+        serde_json::json!({
+            "key": format!("k{i}"),
+            "partition": 0,
+            "proto_file": orders_proto(package, v2),
+            "proto_message": format!("{package}.Order"),
+            "proto_value": value,
+        })
+    };
+    let mut lines: Vec<serde_json::Value> = (0..10).map(|i| proto(i, "shop", false)).collect();
+    lines.extend((10..20).map(|i| proto(i, "shop.v2", true)));
+    lines
+        .push(serde_json::json!({"key": "bad", "partition": 0, "value_hex": "00000003e7000a016f"}));
+    produce(&broker, &registry, &lines);
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (order_id VARCHAR NOT NULL, amount DOUBLE, \
+             ts TIMESTAMP, status VARCHAR, qty BIGINT, currency VARCHAR) STORED AS KAFKA \
+             LOCATION 'kafka://{}/orders'\nOPTIONS ({}, 'on_error' 'dead_letter', \
+             'dead_letter_location' 'bad');\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO out SELECT * EXCEPT (_key, _topic, _timestamp, _headers) FROM orders;\n",
+            broker.bootstrap(),
+            registry
+                .job_options()
+                .replace("'format' 'avro'", "'format' 'protobuf'")
+        ),
+    )
+    .unwrap();
+    let o = run(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut rows = read_py(&dir.join("out"));
+    rows.sort_by_key(|r| r["_offset"].as_i64().unwrap());
+    assert_eq!(rows.len(), 20, "{rows:?}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["order_id"], format!("o-{i}"), "{r}");
+        assert_eq!(r["amount"].as_f64().unwrap(), i as f64 + 0.5, "{r}");
+        assert_eq!(r["qty"].as_i64().unwrap(), i as i64 * 10_000_000_000, "{r}");
+        let status = if i.is_multiple_of(2) { "NEW" } else { "SENT" };
+        assert_eq!(r["status"], status, "{r}");
+        assert!(
+            r["ts"].as_str().unwrap().starts_with("2026-01-01 00:00:00"),
+            "{r}"
+        );
+        // Written before the field existed: no value.
+        let currency = if i < 10 {
+            serde_json::Value::Null
+        } else {
+            "USD".into()
+        };
+        assert_eq!(r["currency"], currency, "{r}");
+    }
+    assert_one_dead_letter(dir, "schema id 999 is not known");
+}
+
+/// The dead-letter table `bad` in `dir` holds one record, whose error says
+/// `needle`.
+fn assert_one_dead_letter(dir: &std::path::Path, needle: &str) {
+    let bad = read_py(&dir.join("bad"));
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0]["error"].as_str().unwrap().contains(needle),
+        "{bad:?}"
+    );
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lakestream_source::Source;
 use lakestream_source::avro::{as_record, project_reader_schema};
-use lakestream_source::kafka::registry::{AvroValues, RegistryOptions, SchemaRegistry};
+use lakestream_source::kafka::registry::{
+    AvroValues, ProtobufValues, RegistryOptions, SchemaRegistry,
+};
 use lakestream_source::kafka::{
     EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, KeyFormat,
     RESERVED_CLIENT_KEYS, StartingOffsets, Topics, ValueFormat,
@@ -255,9 +257,12 @@ impl SourceConnector for KafkaConnector {
             Some("avro") => {
                 ValueFormat::Avro(avro_values(ctx, &o, &registry_file, AvroPart::Value).await?)
             }
+            Some("protobuf") => ValueFormat::Protobuf(ProtobufValues {
+                registry: registry_client(ctx, &o, &registry_file)?,
+            }),
             Some(other) => {
                 return Err(err(format!(
-                    "format {other:?} is not supported: use json, avro, raw or string"
+                    "format {other:?} is not supported: use json, avro, protobuf, raw or string"
                 )));
             }
         };
@@ -265,13 +270,14 @@ impl SourceConnector for KafkaConnector {
             o.key_format =
                 KeyFormat::Avro(avro_values(ctx, &o, &registry_file, AvroPart::Key).await?);
         }
-        if !matches!(o.format, ValueFormat::Avro(_)) {
+        let registry_values = matches!(o.format, ValueFormat::Avro(_) | ValueFormat::Protobuf(_));
+        if !registry_values {
             if ctx.option("value_subject").is_some() {
                 return Err(err("option value_subject needs 'format' 'avro'".into()));
             }
             if ctx.option("schema_registry_url").is_some() && !avro_keys {
                 return Err(err(
-                    "option schema_registry_url needs 'format' 'avro' or 'key_format' 'avro'"
+                    "option schema_registry_url needs 'format' 'avro' or 'protobuf', or 'key_format' 'avro'"
                         .into(),
                 ));
             }
@@ -356,54 +362,7 @@ async fn avro_values(
 ) -> Result<AvroValues> {
     let (subject_option, suffix, state_file) = part.names();
     let t = ctx.table();
-    let setting = |key: &str, file_key: &str| -> Result<Option<String>> {
-        match ctx.option(key) {
-            Some(v) => expand_env(key, v)
-                .map(Some)
-                .map_err(|m| ctx.error(format!("{m} (table {})", t.name))),
-            None => Ok(from_file.get(file_key).cloned()),
-        }
-    };
-    let urls = setting("schema_registry_url", "schema.registry.url")?.ok_or_else(|| {
-        ctx.error(format!(
-            "Avro in {} needs 'schema_registry_url' (the Confluent-compatible registry \
-             the schema ids refer to)",
-            t.name
-        ))
-    })?;
-    let user_info = from_file
-        .get("basic.auth.user.info")
-        .and_then(|ui| ui.split_once(':'))
-        .map(|(u, p)| (u.to_string(), p.to_string()));
-    let basic_auth = match (
-        setting("schema_registry_user", "")?,
-        setting("schema_registry_password", "")?,
-    ) {
-        (Some(u), Some(p)) => Some((u, p)),
-        (None, None) => user_info,
-        _ => {
-            return Err(ctx.error(format!(
-                "{}: give both schema_registry_user and schema_registry_password, or neither",
-                t.name
-            )));
-        }
-    };
-    let registry = Arc::new(SchemaRegistry::new(
-        &t.name,
-        RegistryOptions {
-            urls: urls
-                .split(',')
-                .map(|u| u.trim().to_string())
-                .filter(|u| !u.is_empty())
-                .collect(),
-            basic_auth,
-            ca_location: setting(
-                "schema_registry_ca_location",
-                "schema.registry.ssl.ca.location",
-            )?,
-            request_timeout: o.request_timeout,
-        },
-    )?);
+    let registry = registry_client(ctx, o, from_file)?;
     let subject = match (ctx.option(subject_option), &o.topics) {
         (Some(s), _) => s.to_string(),
         (None, Topics::List(topics)) if topics.len() == 1 => format!("{}-{suffix}", topics[0]),
@@ -480,4 +439,64 @@ async fn avro_values(
         subject,
         reader_schema,
     })
+}
+
+/// The schema registry client of a Kafka table: `schema_registry_url`,
+/// `schema_registry_user` / `schema_registry_password` (or a properties
+/// file's `schema.registry.url` and `basic.auth.user.info`), and
+/// `schema_registry_ca_location`.
+fn registry_client(
+    ctx: &TableContext<'_>,
+    o: &KafkaSourceOptions,
+    from_file: &BTreeMap<String, String>,
+) -> Result<Arc<SchemaRegistry>> {
+    let t = ctx.table();
+    let setting = |key: &str, file_key: &str| -> Result<Option<String>> {
+        match ctx.option(key) {
+            Some(v) => expand_env(key, v)
+                .map(Some)
+                .map_err(|m| ctx.error(format!("{m} (table {})", t.name))),
+            None => Ok(from_file.get(file_key).cloned()),
+        }
+    };
+    let urls = setting("schema_registry_url", "schema.registry.url")?.ok_or_else(|| {
+        ctx.error(format!(
+            "Avro in {} needs 'schema_registry_url' (the Confluent-compatible registry \
+             the schema ids refer to)",
+            t.name
+        ))
+    })?;
+    let user_info = from_file
+        .get("basic.auth.user.info")
+        .and_then(|ui| ui.split_once(':'))
+        .map(|(u, p)| (u.to_string(), p.to_string()));
+    let basic_auth = match (
+        setting("schema_registry_user", "")?,
+        setting("schema_registry_password", "")?,
+    ) {
+        (Some(u), Some(p)) => Some((u, p)),
+        (None, None) => user_info,
+        _ => {
+            return Err(ctx.error(format!(
+                "{}: give both schema_registry_user and schema_registry_password, or neither",
+                t.name
+            )));
+        }
+    };
+    Ok(Arc::new(SchemaRegistry::new(
+        &t.name,
+        RegistryOptions {
+            urls: urls
+                .split(',')
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty())
+                .collect(),
+            basic_auth,
+            ca_location: setting(
+                "schema_registry_ca_location",
+                "schema.registry.ssl.ca.location",
+            )?,
+            request_timeout: o.request_timeout,
+        },
+    )?))
 }

@@ -93,7 +93,9 @@ impl RowBuilder {
         rejects: Option<crate::Rejects>,
     ) -> Result<Self> {
         let json = match format {
-            ValueFormat::Json => Some(json_decoder(&source, &value_schema, batch_size)?),
+            ValueFormat::Json | ValueFormat::Protobuf(_) => {
+                Some(json_decoder(&source, &value_schema, batch_size)?)
+            }
             _ => None,
         };
         let avro = match &format {
@@ -203,7 +205,13 @@ impl RowBuilder {
                 .is_none()
                 .then(|| (id, a.values.registry.clone()))
         };
-        let value = self.avro.as_ref().and_then(|a| missing(a, m.payload()));
+        let value = match &self.format {
+            ValueFormat::Protobuf(p) => framed_schema_id(m.payload(), "value")
+                .ok()
+                .filter(|id| p.registry.cached(*id).is_none())
+                .map(|id| (id, p.registry.clone())),
+            _ => self.avro.as_ref().and_then(|a| missing(a, m.payload())),
+        };
         value.or_else(|| match &self.key {
             KeyColumn::Avro(k) => missing(&k.rows, m.key()),
             _ => None,
@@ -265,10 +273,24 @@ impl RowBuilder {
                     return self.reject(m, err);
                 }
             }
-            ValueFormat::Json => {
+            ValueFormat::Json | ValueFormat::Protobuf(_) => {
+                let converted;
+                let value = match &self.format {
+                    ValueFormat::Protobuf(p) => match protobuf_json(p, m.payload()) {
+                        Ok(json) => {
+                            converted = json;
+                            converted.as_slice()
+                        }
+                        Err(reason) => {
+                            let err = malformed(reason);
+                            self.undo_key()?;
+                            return self.reject(m, err);
+                        }
+                    },
+                    _ => m.payload().unwrap_or(b"{}"),
+                };
                 let d = self.json.as_mut().expect("json decoder");
                 let before = d.len();
-                let value = m.payload().unwrap_or(b"{}");
                 let decoded = d
                     .decode(value)
                     .and_then(|_| d.decode(b"\n"))
@@ -368,7 +390,7 @@ impl RowBuilder {
                         reason,
                     })?
             }
-            ValueFormat::Json => {
+            ValueFormat::Json | ValueFormat::Protobuf(_) => {
                 let flushed = self.json.as_mut().expect("json decoder").flush();
                 let batch = match flushed {
                     Ok(b) => b,
@@ -625,6 +647,11 @@ impl AvroRows {
                     self.values.registry.urls()
                 ));
             }
+            Some(Registered::Protobuf(_)) => {
+                return Err(format!(
+                    "the {what}'s schema id {id} is a PROTOBUF schema in the registry, not Avro"
+                ));
+            }
             Some(Registered::OtherType(t)) => {
                 return Err(format!(
                     "the {what}'s schema id {id} is a {t} schema in the registry, not Avro"
@@ -710,5 +737,29 @@ impl AvroRows {
         let b =
             arrow::compute::concat_batches(&self.value_schema, &done).map_err(|e| e.to_string())?;
         Ok(b.columns().to_vec())
+    }
+}
+
+/// A Protobuf value (Confluent-framed) as canonical JSON, or why it is a
+/// bad record.
+fn protobuf_json(
+    p: &super::registry::ProtobufValues,
+    payload: Option<&[u8]>,
+) -> std::result::Result<Vec<u8>, String> {
+    let id = framed_schema_id(payload, "value")?;
+    let body = &payload.expect("framed")[5..];
+    match p.registry.cached(id) {
+        Some(Registered::Protobuf(file)) => crate::protobuf::to_json(&file, body),
+        Some(Registered::Unknown) => Err(format!(
+            "the value's schema id {id} is not known to the schema registry {}",
+            p.registry.urls()
+        )),
+        Some(Registered::Avro(_)) => Err(format!(
+            "the value's schema id {id} is an Avro schema in the registry, not Protobuf"
+        )),
+        Some(Registered::OtherType(t)) => Err(format!(
+            "the value's schema id {id} is a {t} schema in the registry, not Protobuf"
+        )),
+        None => Err(format!("schema id {id} was not fetched from the registry")),
     }
 }

@@ -61,6 +61,9 @@ pub enum ValueFormat {
     /// Avro in the Confluent wire format, its writer schemas from a
     /// schema registry, resolved to the reader schema's columns.
     Avro(registry::AvroValues),
+    /// Protobuf in the Confluent wire format, its files from a schema
+    /// registry, read into the declared columns by field name.
+    Protobuf(registry::ProtobufValues),
 }
 
 /// How record keys are turned into the `_key` column.
@@ -676,11 +679,17 @@ impl KafkaSource {
     ) -> Result<Self> {
         options.validate(name)?;
         let value_schema = match options.format {
-            ValueFormat::Json => value_schema.ok_or_else(|| Error::InvalidOption {
-                source_name: name.to_string(),
-                option: "format".into(),
-                reason: "format 'json' needs the value's columns declared in the table".into(),
-            })?,
+            ValueFormat::Json | ValueFormat::Protobuf(_) => value_schema
+                .filter(|s| {
+                    !s.fields().is_empty() || !matches!(options.format, ValueFormat::Protobuf(_))
+                })
+                .ok_or_else(|| Error::InvalidOption {
+                    source_name: name.to_string(),
+                    option: "format".into(),
+                    reason: "format 'json' or 'protobuf' needs the value's columns declared in \
+                             the table"
+                        .into(),
+                })?,
             ValueFormat::Raw => Arc::new(Schema::new(vec![Field::new(
                 "value",
                 DataType::Binary,

@@ -44,7 +44,9 @@ impl std::fmt::Debug for RegistryOptions {
 pub enum Registered {
     /// An Avro schema (its JSON).
     Avro(Arc<str>),
-    /// A schema of another type (`PROTOBUF`, `JSON`): not Avro.
+    /// A Protobuf schema: its file, imports resolved.
+    Protobuf(prost_reflect::FileDescriptor),
+    /// A schema of another type (`JSON`).
     OtherType(String),
     /// The registry does not know the id (404).
     Unknown,
@@ -151,6 +153,39 @@ impl SchemaRegistry {
                     .unwrap_or("AVRO");
                 match (kind, v.get("schema").and_then(|s| s.as_str())) {
                     ("AVRO", Some(s)) => Registered::Avro(Arc::from(s)),
+                    ("PROTOBUF", Some(_)) => {
+                        let serialized = match serialized_descriptor(&v) {
+                            Some(bytes) => (bytes, v),
+                            // Registered as `.proto` text: ask for the
+                            // descriptor.
+                            None => {
+                                let path = format!("/schemas/ids/{id}?format=serialized");
+                                let v = self.get(source, &path).await?.unwrap_or_default();
+                                let bytes = serialized_descriptor(&v).ok_or_else(|| {
+                                    self.error(
+                                        source,
+                                        &format!("GET {path}"),
+                                        "no base64 FileDescriptorProto in the answer".into(),
+                                        false,
+                                    )
+                                })?;
+                                (bytes, v)
+                            }
+                        };
+                        let mut deps = Vec::new();
+                        self.references(source, &serialized.1, &mut deps, 0).await?;
+                        match crate::protobuf::file_descriptor(&serialized.0, &deps) {
+                            Ok(file) => Registered::Protobuf(file),
+                            Err(reason) => {
+                                return Err(self.error(
+                                    source,
+                                    &format!("read Protobuf schema id {id}"),
+                                    reason,
+                                    false,
+                                ));
+                            }
+                        }
+                    }
                     ("AVRO", None) => {
                         return Err(self.error(
                             source,
@@ -168,6 +203,67 @@ impl SchemaRegistry {
             .expect("registry cache")
             .insert(id, r.clone());
         Ok(r)
+    }
+
+    /// The serialized files `answer`'s references name (and theirs,
+    /// first), appended to `deps` in dependency order; the well-known
+    /// types are built in.
+    fn references<'a>(
+        &'a self,
+        source: &'a str,
+        answer: &'a serde_json::Value,
+        deps: &'a mut Vec<Vec<u8>>,
+        depth: usize,
+    ) -> futures::future::BoxFuture<'a, Result<()>> {
+        use futures::FutureExt;
+        async move {
+            let refs = answer
+                .get("references")
+                .and_then(|r| r.as_array())
+                .cloned()
+                .unwrap_or_default();
+            for r in refs {
+                let name = r.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+                if name.starts_with("google/protobuf/") {
+                    continue;
+                }
+                let (Some(subject), Some(version)) = (
+                    r.get("subject").and_then(|s| s.as_str()),
+                    r.get("version").and_then(|v| v.as_i64()),
+                ) else {
+                    continue;
+                };
+                if depth > 32 {
+                    return Err(self.error(
+                        source,
+                        &format!("resolve the reference {name}"),
+                        "references nest more than 32 deep".into(),
+                        false,
+                    ));
+                }
+                let path = format!(
+                    "/subjects/{}/versions/{version}?format=serialized",
+                    percent_encoding::utf8_percent_encode(
+                        subject,
+                        percent_encoding::NON_ALPHANUMERIC
+                    )
+                );
+                let v = self.get(source, &path).await?.ok_or_else(|| {
+                    self.error(
+                        source,
+                        &format!("GET {path}"),
+                        format!("the referenced schema {name} is not in the registry"),
+                        false,
+                    )
+                })?;
+                self.references(source, &v, deps, depth + 1).await?;
+                if let Some(bytes) = serialized_descriptor(&v) {
+                    deps.push(bytes);
+                }
+            }
+            Ok(())
+        }
+        .boxed()
     }
 
     /// The latest version of `subject`.
@@ -290,6 +386,21 @@ impl SchemaRegistry {
     }
 }
 
+/// The base64 `FileDescriptorProto` of a registry answer's `schema`, if
+/// it is one (a schema registered as `.proto` text is not).
+fn serialized_descriptor(answer: &serde_json::Value) -> Option<Vec<u8>> {
+    use base64::Engine;
+    let s = answer.get("schema")?.as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(s.trim())
+        .ok()?;
+    use prost::Message;
+    prost_types::FileDescriptorProto::decode(bytes.as_slice())
+        .ok()
+        .filter(|f| f.name.is_some())
+        .map(|_| bytes)
+}
+
 /// An error with its causes (reqwest's own message is only the outermost).
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -301,6 +412,21 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+/// Protobuf values through a registry: what a Kafka source decodes with.
+#[derive(Debug, Clone)]
+pub struct ProtobufValues {
+    /// The registry the files come from.
+    pub registry: Arc<SchemaRegistry>,
+}
+
+impl PartialEq for ProtobufValues {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.registry, &other.registry)
+    }
+}
+
+impl Eq for ProtobufValues {}
 
 /// Avro values through a registry: what a Kafka source decodes with.
 #[derive(Debug, Clone)]
