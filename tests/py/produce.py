@@ -42,12 +42,15 @@ def proto_class(spec, message):
     """The message class `message` of the file `spec` describes:
     {"name": "orders.proto", "package": "shop", "dependency": [...],
      "messages": [{"name": "Order", "fields": [{"name", "number", "type",
-     "repeated"?}]}], "enums": [{"name", "values": [...]}]}; a field's type
+     "repeated"?}]}], "enums": [{"name", "values": [...]}], "imports":
+     [files like this one, added first]}; a field's type
     is a scalar name or a full name with a leading dot (".shop.Place",
     ".google.protobuf.Timestamp")."""
     key = json.dumps(spec, sort_keys=True)
     if (key, message) in CLASSES:
         return CLASSES[(key, message)]
+    for imported in spec.get("imports", []):
+        proto_class(imported, None)
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
     from google.protobuf import timestamp_pb2  # noqa: F401 (registers the type)
 
@@ -74,6 +77,8 @@ def proto_class(spec, message):
         pool.Add(f)
     except TypeError:
         pass  # added before, by an earlier record
+    if message is None:
+        return None
     cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(message))
     CLASSES[(key, message)] = cls
     return cls

@@ -9,7 +9,8 @@ FileDescriptorProto the Python serializer registers, which is also what
 the registry answers `?format=serialized` with), checks no compatibility,
 and answers in the registry's own JSON shapes and error codes:
 
-  POST /subjects/{subject}/versions     {"schema", "schemaType"?} -> {"id"}
+  POST /subjects/{subject}/versions     {"schema", "schemaType"?, "references"?} -> {"id"}
+  POST /subjects/{subject}              {"schema", "schemaType"?} -> the version holding it
   GET  /schemas/ids/{id}                -> {"schema", "schemaType"?, "references"?}
   GET  /subjects/{subject}/versions/latest | /versions/{n}
                                         -> {"subject", "version", "id", "schema"}
@@ -115,10 +116,13 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized():
             return
         path = unquote(urlparse(self.path).path)
+        req = json.loads(raw or b"{}")
         m = re.fullmatch(r"/subjects/(.+)/versions", path)
         if not m:
+            lookup = re.fullmatch(r"/subjects/(.+)", path)
+            if lookup:
+                return self.lookup(lookup.group(1), req)
             return self.error(404, 404, "HTTP 404 Not Found")
-        req = json.loads(raw or b"{}")
         schema = req.get("schema")
         if not isinstance(schema, str):
             return self.error(422, 42201, "Invalid schema")
@@ -131,6 +135,23 @@ class Handler(BaseHTTPRequestHandler):
             if sid not in versions:
                 versions.append(sid)
         self.answer(200, {"id": sid})
+
+
+    def lookup(self, subject, req):
+        """POST /subjects/{subject}: the version of `subject` holding the
+        schema of the request, if any."""
+        kind = req.get("schemaType", "AVRO")
+        with LOCK:
+            for n, sid in enumerate(SUBJECTS.get(subject, []), start=1):
+                s = SCHEMAS[sid]
+                if s["schema"] == req.get("schema") and s["schemaType"] == kind:
+                    return self.answer(
+                        200,
+                        {"subject": subject, "version": n, "id": sid, "schema": s["schema"], "schemaType": kind},
+                    )
+        if subject not in SUBJECTS:
+            return self.error(404, 40401, f"Subject '{subject}' not found.")
+        return self.error(404, 40403, "Schema not found")
 
 
 def main() -> None:

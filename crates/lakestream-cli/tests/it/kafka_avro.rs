@@ -674,7 +674,8 @@ fn orders_proto(package: &str, with_currency: bool) -> serde_json::Value {
         {"name": "ts", "number": 3, "type": ".google.protobuf.Timestamp"},
         {"name": "status", "number": 4, "type": format!(".{package}.Status")},
         {"name": "tags", "number": 5, "type": "string", "repeated": true},
-        {"name": "qty", "number": 7, "type": "int64"}
+        {"name": "qty", "number": 7, "type": "int64"},
+        {"name": "place", "number": 6, "type": ".common.Place"}
     ]);
     if with_currency {
         fields
@@ -685,7 +686,12 @@ fn orders_proto(package: &str, with_currency: bool) -> serde_json::Value {
     serde_json::json!({
         "name": format!("{package}/orders.proto"),
         "package": package,
-        "dependency": ["google/protobuf/timestamp.proto"],
+        "dependency": ["google/protobuf/timestamp.proto", "common/place.proto"],
+        "imports": [{
+            "name": "common/place.proto",
+            "package": "common",
+            "messages": [{"name": "Place", "fields": [{"name": "city", "number": 1, "type": "string"}]}],
+        }],
         "enums": [{"name": "Status", "values": ["NEW", "SENT"]}],
         "messages": [{"name": "Order", "fields": fields}],
     })
@@ -702,6 +708,7 @@ fn protobuf_values_of_two_schema_versions_are_read_by_field_name_and_unknown_ids
             "status": if i.is_multiple_of(2) { "NEW" } else { "SENT" },
             "tags": ["a"],
             "qty": (i as i64) * 10_000_000_000,
+            "place": {"city": format!("city-{i}")},
         });
         if v2 {
             value["currency"] = "USD".into();
@@ -724,7 +731,8 @@ fn protobuf_values_of_two_schema_versions_are_read_by_field_name_and_unknown_ids
         dir.join("job.sql"),
         format!(
             "CREATE UNBOUNDED EXTERNAL TABLE orders (order_id VARCHAR NOT NULL, amount DOUBLE, \
-             ts TIMESTAMP, status VARCHAR, qty BIGINT, currency VARCHAR) STORED AS KAFKA \
+             ts TIMESTAMP, status VARCHAR, qty BIGINT, currency VARCHAR, tags VARCHAR[], \
+             place STRUCT<city VARCHAR>) STORED AS KAFKA \
              LOCATION 'kafka://{}/orders'\nOPTIONS ({}, 'on_error' 'dead_letter', \
              'dead_letter_location' 'bad');\n\
              CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
@@ -758,6 +766,8 @@ fn protobuf_values_of_two_schema_versions_are_read_by_field_name_and_unknown_ids
             "USD".into()
         };
         assert_eq!(r["currency"], currency, "{r}");
+        assert_eq!(r["tags"], serde_json::json!(["a"]), "{r}");
+        assert_eq!(r["place"]["city"], format!("city-{i}"), "{r}");
     }
     assert_one_dead_letter(dir, "schema id 999 is not known");
 }
