@@ -26,7 +26,7 @@ mod shape;
 mod values;
 pub mod window;
 
-pub use parse::{parse_job, pos_of, session_config};
+pub use parse::{parse_columns, parse_job, pos_of, session_config};
 pub use shape::{
     check_streaming_plan, group_key_positions, is_distinct_on, stateful_aggregate,
     stateful_distinct, streaming_plan_problem,

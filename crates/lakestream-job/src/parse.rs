@@ -24,6 +24,33 @@ pub fn session_config() -> datafusion::prelude::SessionConfig {
     config
 }
 
+/// The columns `columns` declares (`region VARCHAR, id BIGINT NOT NULL`),
+/// typed as in a `CREATE EXTERNAL TABLE` column list; `Err` is
+/// DataFusion's message.
+pub async fn parse_columns(
+    columns: &str,
+) -> std::result::Result<datafusion::arrow::datatypes::SchemaRef, String> {
+    let sql = format!("CREATE EXTERNAL TABLE k ({columns}) STORED AS CSV LOCATION 'k'");
+    let mut statements = DFParser::parse_sql(&sql).map_err(|e| e.strip_backtrace())?;
+    let (Some(stmt), None) = (statements.pop_front(), statements.pop_front()) else {
+        return Err("expected a column list".into());
+    };
+    let ctx = SessionContext::new_with_config(session_config());
+    match ctx
+        .state()
+        .statement_to_plan(stmt)
+        .await
+        .map_err(|e| e.strip_backtrace())?
+    {
+        LogicalPlan::Ddl(DdlStatement::CreateExternalTable(cmd))
+            if !cmd.schema.fields().is_empty() =>
+        {
+            Ok(cmd.schema.inner().clone())
+        }
+        _ => Err("expected a column list".into()),
+    }
+}
+
 /// Parse the text of a job file. `file` names it in errors.
 pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
     let err = |pos: Pos, message: String| Error::Job {

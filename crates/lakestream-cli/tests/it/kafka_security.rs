@@ -436,20 +436,12 @@ fn string_keys_are_text_and_a_key_that_is_not_utf8_is_a_bad_record() {
         "{err}"
     );
     // With them, the other two rows go on, their keys as text.
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = keyed_job(
+        &broker,
+        "'key_format' 'string'",
+        "order_id, _key, upper(_key) AS shout",
+    );
     let dir = tmp.path();
-    std::fs::write(
-        dir.join("job.sql"),
-        format!(
-            "CREATE UNBOUNDED EXTERNAL TABLE orders (order_id VARCHAR NOT NULL) STORED AS KAFKA \
-             LOCATION 'kafka://{}/orders' OPTIONS ('key_format' 'string', \
-             'on_error' 'dead_letter', 'dead_letter_location' 'bad');\n\
-             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
-             INSERT INTO out SELECT order_id, _key, upper(_key) AS shout FROM orders;\n",
-            broker.bootstrap()
-        ),
-    )
-    .unwrap();
     let o = run_in(dir, &RUN_JOB);
     assert!(o.status.success(), "{}", text(&o));
     // A text column: string functions apply to it.
@@ -573,4 +565,102 @@ fn settings_come_from_a_properties_file_and_the_environment_never_the_job_file()
     let o = run_in(dir, &RUN_JOB);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(error_line(&o).contains("group.id"), "{}", text(&o));
+}
+
+#[test]
+fn json_keys_become_a_struct_of_the_key_columns_and_a_key_that_does_not_fit_is_a_bad_record() {
+    let broker = Broker::start();
+    broker.create_topic("orders", 1);
+    let values = orders(0, 6);
+    let keys = [
+        Some(r#"{"region": "eu", "id": 1}"#),
+        Some(r#"{"region": "us", "id": 2, "extra": true}"#),
+        None,
+        Some(r#"{"region": "eu", "id": "three"}"#),
+        Some("not json"),
+        Some(r#"{"region": "ap", "id": 6}"#),
+    ];
+    let records: Vec<(Option<String>, String, i32)> = keys
+        .iter()
+        .zip(&values)
+        .map(|(k, (_, v))| (k.map(str::to_string), v.clone(), 0))
+        .collect();
+    let placed = produce_py(&broker, "orders", &[], &records);
+    let tmp = keyed_job(
+        &broker,
+        "'key_format' 'json', 'key_columns' 'region VARCHAR NOT NULL, id BIGINT'",
+        "order_id, _key.region AS region, _key.id + 100 AS id, _offset",
+    );
+    let dir = tmp.path();
+    let o = run_in(dir, &RUN_JOB);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut rows: Vec<(i64, serde_json::Value, serde_json::Value)> = read_py(&dir.join("out"))
+        .iter()
+        .map(|r| {
+            (
+                r["_offset"].as_i64().unwrap(),
+                r["region"].clone(),
+                r["id"].clone(),
+            )
+        })
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    let at = |i: usize| placed[i].1;
+    assert_eq!(
+        rows,
+        vec![
+            (at(0), "eu".into(), 101.into()),
+            (at(1), "us".into(), 102.into()),
+            (at(2), serde_json::Value::Null, serde_json::Value::Null),
+            (at(5), "ap".into(), 106.into()),
+        ]
+    );
+    let mut dead: Vec<(i64, String)> = read_py(&dir.join("bad"))
+        .iter()
+        .map(|r| {
+            (
+                r["offset"].as_i64().unwrap(),
+                r["error"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    dead.sort();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert!(
+        dead[0].0 == at(3) && dead[0].1.contains("the key's id"),
+        "{dead:?}"
+    );
+    assert!(
+        dead[1].0 == at(4) && dead[1].1.contains("not a JSON object"),
+        "{dead:?}"
+    );
+
+    // key_columns are required, and checked.
+    std::fs::write(
+        dir.join("job.sql"),
+        kafka_job(&broker.bootstrap(), "orders", "out2", "'key_format' 'json'"),
+    )
+    .unwrap();
+    let o = run_available_now(dir, "job.sql", "ckpt2", &[], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(error_line(&o).contains("key_columns"), "{}", text(&o));
+}
+
+/// A directory with `job.sql`: topic `orders` (keys read with
+/// `key_options`, bad records to table `bad`) into `out` as `select`.
+fn keyed_job(broker: &Broker, key_options: &str, select: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (order_id VARCHAR NOT NULL) STORED AS KAFKA \
+             LOCATION 'kafka://{}/orders' OPTIONS ({key_options}, \
+             'on_error' 'dead_letter', 'dead_letter_location' 'bad');\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO out SELECT {select} FROM orders;\n",
+            broker.bootstrap()
+        ),
+    )
+    .unwrap();
+    tmp
 }

@@ -55,6 +55,7 @@ impl SourceConnector for KafkaConnector {
             "schema_registry_ca_location",
             "value_subject",
             "key_subject",
+            "key_columns",
         ]
     }
 
@@ -128,12 +129,29 @@ impl SourceConnector for KafkaConnector {
             Some("string") => KeyFormat::String,
             // Built with the registry, once the timeouts are read.
             Some("avro") => KeyFormat::Raw,
+            Some("json") => {
+                let Some(cols) = ctx.option("key_columns") else {
+                    return Err(err(
+                        "key_format 'json' needs the key's columns: OPTIONS ('key_columns' \
+                         'region VARCHAR, id BIGINT')"
+                            .into(),
+                    ));
+                };
+                KeyFormat::Json(
+                    crate::parse_columns(cols)
+                        .await
+                        .map_err(|m| err(format!("option key_columns {cols:?}: {m}")))?,
+                )
+            }
             Some(other) => {
                 return Err(err(format!(
-                    "key_format {other:?} is not supported: use raw, string or avro"
+                    "key_format {other:?} is not supported: use raw, string, json or avro"
                 )));
             }
         };
+        if ctx.option("key_columns").is_some() && !matches!(o.key_format, KeyFormat::Json(_)) {
+            return Err(err("option key_columns needs 'key_format' 'json'".into()));
+        }
         let avro_keys = ctx
             .option("key_format")
             .is_some_and(|f| f.eq_ignore_ascii_case("avro"));

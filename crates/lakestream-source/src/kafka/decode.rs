@@ -37,6 +37,128 @@ enum KeyColumn {
     Bytes(BinaryBuilder),
     Text(StringBuilder),
     Avro(Box<AvroKeys>),
+    Json(Box<JsonKeys>),
+}
+
+/// JSON keys: each present key (checked to be an object whose fields fit
+/// the columns), decoded together when the batch is finished.
+struct JsonKeys {
+    schema: SchemaRef,
+    keys: Vec<Vec<u8>>,
+    present: Vec<bool>,
+}
+
+impl JsonKeys {
+    /// Keep `key` if it is a JSON object whose fields fit the columns.
+    fn push(&mut self, key: Option<&[u8]>) -> std::result::Result<(), String> {
+        let Some(key) = key else {
+            self.present.push(false);
+            return Ok(());
+        };
+        let v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(key)
+            .map_err(|e| format!("the key is not a JSON object: {e}"))?;
+        for f in self.schema.fields() {
+            match v.get(f.name()) {
+                None | Some(serde_json::Value::Null) if !f.is_nullable() => {
+                    return Err(format!("the key has no {}, a NOT NULL column", f.name()));
+                }
+                Some(value) => json_fits(value, f.data_type())
+                    .map_err(|why| format!("the key's {}: {why}", f.name()))?,
+                None => {}
+            }
+        }
+        self.keys.push(key.to_vec());
+        self.present.push(true);
+        Ok(())
+    }
+
+    /// Take back the last key pushed.
+    fn drop_last(&mut self) {
+        if self.present.pop() == Some(true) {
+            self.keys.pop();
+        }
+    }
+
+    /// The `_key` column of every row pushed since the last call.
+    fn finish(&mut self) -> std::result::Result<ArrayRef, String> {
+        let mut d = arrow::json::ReaderBuilder::new(self.schema.clone())
+            .with_batch_size(self.keys.len().max(1))
+            .build_decoder()
+            .map_err(|e| e.to_string())?;
+        for k in self.keys.drain(..) {
+            d.decode(&k)
+                .and_then(|_| d.decode(b"\n"))
+                .map_err(|e| e.to_string())?;
+        }
+        let cols = match d.flush().map_err(|e| e.to_string())? {
+            Some(b) => b.columns().to_vec(),
+            None => self
+                .schema
+                .fields()
+                .iter()
+                .map(|f| arrow::array::new_empty_array(f.data_type()))
+                .collect(),
+        };
+        let keys: ArrayRef = Arc::new(
+            arrow::array::StructArray::try_new(self.schema.fields().clone(), cols, None)
+                .map_err(|e| e.to_string())?,
+        );
+        with_nulls(keys, std::mem::take(&mut self.present))
+    }
+}
+
+/// Whether JSON `value` decodes into `to` (as arrow-json reads it): the
+/// checks that keep a key's type error on its own record.
+fn json_fits(
+    value: &serde_json::Value,
+    to: &arrow::datatypes::DataType,
+) -> std::result::Result<(), String> {
+    use arrow::datatypes::DataType as T;
+    use serde_json::Value as V;
+    let ok = match (value, to) {
+        (V::Null, _) => true,
+        (V::Bool(_), T::Boolean) => true,
+        (V::Number(n), t) if t.is_integer() => n.is_i64() || n.is_u64(),
+        (V::Number(_), t)
+            if t.is_floating() || matches!(t, T::Decimal128(..) | T::Decimal256(..)) =>
+        {
+            true
+        }
+        (V::Number(_), T::Timestamp(..) | T::Date32 | T::Date64) => true,
+        (V::String(_), T::Utf8 | T::LargeUtf8 | T::Utf8View) => true,
+        (V::String(s), T::Timestamp(..) | T::Date32 | T::Date64) => arrow::compute::cast(
+            &(Arc::new(arrow::array::StringArray::from(vec![s.as_str()])) as ArrayRef),
+            to,
+        )
+        .is_ok_and(|a| a.null_count() == 0),
+        (V::Object(_), T::Struct(_) | T::Map(..)) => true,
+        (V::Array(_), T::List(_) | T::LargeList(_)) => true,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{value} is not a {to}"))
+    }
+}
+
+/// `keys` (one per present row) spread over every row: NULL where
+/// `present` says a record had no key.
+fn with_nulls(keys: ArrayRef, present: Vec<bool>) -> std::result::Result<ArrayRef, String> {
+    if present.iter().all(|p| *p) {
+        return Ok(keys);
+    }
+    let mut next = 0u32;
+    let indices: arrow::array::UInt32Array = present
+        .iter()
+        .map(|p| {
+            p.then(|| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect();
+    arrow::compute::take(&keys, &indices, None).map_err(|e| e.to_string())
 }
 
 /// Avro keys: the decoded (non-null) keys, and which rows have one.
@@ -65,21 +187,7 @@ impl AvroKeys {
                 .map_err(|e| e.to_string())?,
             )
         };
-        let present = std::mem::take(&mut self.present);
-        if present.iter().all(|p| *p) {
-            return Ok(keys);
-        }
-        let mut next = 0u32;
-        let indices: arrow::array::UInt32Array = present
-            .iter()
-            .map(|p| {
-                p.then(|| {
-                    next += 1;
-                    next - 1
-                })
-            })
-            .collect();
-        arrow::compute::take(&keys, &indices, None).map_err(|e| e.to_string())
+        with_nulls(keys, std::mem::take(&mut self.present))
     }
 }
 
@@ -111,6 +219,11 @@ impl RowBuilder {
         let key = match key_format {
             KeyFormat::String => KeyColumn::Text(StringBuilder::new()),
             KeyFormat::Raw => KeyColumn::Bytes(BinaryBuilder::new()),
+            KeyFormat::Json(schema) => KeyColumn::Json(Box::new(JsonKeys {
+                schema,
+                keys: Vec::new(),
+                present: Vec::new(),
+            })),
             KeyFormat::Avro(values) => {
                 let key_schema =
                     crate::avro::arrow_schema_of(&values.reader_schema).map_err(|reason| {
@@ -222,6 +335,9 @@ impl RowBuilder {
     /// failed (only with dead letters: otherwise the failure fails the
     /// batch).
     fn undo_key(&mut self) -> Result<()> {
+        if let KeyColumn::Json(k) = &mut self.key {
+            k.drop_last();
+        }
         if let KeyColumn::Avro(k) = &mut self.key
             && self.rejects.is_some()
             && k.present.pop() == Some(true)
@@ -253,6 +369,11 @@ impl RowBuilder {
             && let Err(e) = std::str::from_utf8(k)
         {
             return self.reject(m, malformed(format!("key is not UTF-8: {e}")));
+        }
+        if let KeyColumn::Json(k) = &mut self.key
+            && let Err(reason) = k.push(m.key())
+        {
+            return self.reject(m, malformed(reason));
         }
         if let KeyColumn::Avro(k) = &mut self.key {
             let decoded = match m.key() {
@@ -340,7 +461,7 @@ impl RowBuilder {
             }
             (KeyColumn::Text(b), None) => b.append_null(),
             // Decoded before the value.
-            (KeyColumn::Avro(_), _) => {}
+            (KeyColumn::Avro(_) | KeyColumn::Json(_), _) => {}
         }
         self.topic.append_value(m.topic());
         self.partition.append_value(m.partition());
@@ -420,6 +541,11 @@ impl RowBuilder {
             match &mut self.key {
                 KeyColumn::Bytes(b) => Arc::new(b.finish()),
                 KeyColumn::Text(b) => Arc::new(b.finish()),
+                KeyColumn::Json(k) => k.finish().map_err(|reason| Error::Schema {
+                    source_name: self.source.clone(),
+                    file: "kafka".into(),
+                    reason: format!("key: {reason}"),
+                })?,
                 KeyColumn::Avro(k) => k.finish().map_err(|reason| Error::Schema {
                     source_name: self.source.clone(),
                     file: "kafka".into(),

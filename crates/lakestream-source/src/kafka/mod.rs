@@ -79,6 +79,10 @@ pub enum KeyFormat {
     /// has the key schema's type (a record's fields as a struct). The
     /// reader schema is a record ([`crate::avro::as_record`]).
     Avro(registry::AvroValues),
+    /// A JSON object decoded into these columns: `_key` is a struct of
+    /// them. A key that is not a JSON object, or whose fields do not fit
+    /// the columns, is a bad record.
+    Json(SchemaRef),
 }
 
 /// Where a partition starts when the query first sees it.
@@ -635,6 +639,7 @@ fn metadata_fields(source: &str, key_format: &KeyFormat) -> Result<Vec<Field>> {
     let key = match key_format {
         KeyFormat::Raw => DataType::Binary,
         KeyFormat::String => DataType::Utf8,
+        KeyFormat::Json(s) => DataType::Struct(s.fields().clone()),
         KeyFormat::Avro(a) => {
             crate::avro::key_type(&a.reader_schema).map_err(|reason| Error::InvalidOption {
                 source_name: source.to_string(),
