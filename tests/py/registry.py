@@ -13,7 +13,7 @@ and answers in the registry's own JSON shapes and error codes:
   POST /subjects/{subject}              {"schema", "schemaType"?} -> the version holding it
   GET  /schemas/ids/{id}                -> {"schema", "schemaType"?, "references"?}
   GET  /subjects/{subject}/versions/latest | /versions/{n}
-                                        -> {"subject", "version", "id", "schema"}
+                                        -> {"subject", "version", "id", "schema", "references"?}
   GET  /subjects                        -> [subject, ...]
 
 usage: registry.py [--user USER:PASSWORD] [--cert CERT --key KEY]
@@ -97,16 +97,16 @@ class Handler(BaseHTTPRequestHandler):
                 if not 1 <= n <= len(ids):
                     return self.error(404, 40402, f"Version {n} not found.")
                 s = SCHEMAS[ids[n - 1]]
-                return self.answer(
-                    200,
-                    {
-                        "subject": m.group(1),
-                        "version": n,
-                        "id": ids[n - 1],
-                        "schema": s["schema"],
-                        "schemaType": s["schemaType"],
-                    },
-                )
+                body = {
+                    "subject": m.group(1),
+                    "version": n,
+                    "id": ids[n - 1],
+                    "schema": s["schema"],
+                    "schemaType": s["schemaType"],
+                }
+                if s["references"]:
+                    body["references"] = s["references"]
+                return self.answer(200, body)
         self.error(404, 404, "HTTP 404 Not Found")
 
     def do_POST(self):

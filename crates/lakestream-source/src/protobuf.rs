@@ -9,7 +9,13 @@
 //! parser is needed; referenced files are fetched the same way and the
 //! well-known types (`google/protobuf/timestamp.proto`, ...) are built in.
 
-use prost_reflect::{DescriptorPool, DynamicMessage, FileDescriptor, SerializeOptions};
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Fields, Schema, TimeUnit};
+use prost_reflect::{
+    DescriptorPool, DynamicMessage, FieldDescriptor, FileDescriptor, Kind, MessageDescriptor,
+    SerializeOptions,
+};
 
 /// A zigzag varint at the start of `buf`: its value and length.
 fn zigzag(buf: &[u8]) -> Option<(i64, usize)> {
@@ -102,6 +108,116 @@ pub fn to_json(file: &FileDescriptor, body: &[u8]) -> Result<Vec<u8>, String> {
     msg.serialize_with_options(&mut serde_json::Serializer::new(&mut out), &options)
         .map_err(|e| format!("{name} does not convert to JSON: {e}"))?;
     Ok(out)
+}
+
+/// The message `name` of `file` (its full name), or its first message.
+pub fn message_of(file: &FileDescriptor, name: Option<&str>) -> Result<MessageDescriptor, String> {
+    match name {
+        Some(n) => file
+            .messages()
+            .find(|m| m.full_name() == n || m.name() == n)
+            .ok_or_else(|| {
+                let names: Vec<String> =
+                    file.messages().map(|m| m.full_name().to_string()).collect();
+                format!(
+                    "{} has no message {n} (it has {})",
+                    file.name(),
+                    names.join(", ")
+                )
+            }),
+        None => file
+            .messages()
+            .next()
+            .ok_or_else(|| format!("{} defines no message", file.name())),
+    }
+}
+
+/// The columns of `message` as [`to_json`]'s JSON decodes into them: one
+/// per field, by `.proto` name, every one nullable. Enums, `bytes`
+/// (base64) and `Duration` are text, `Timestamp` a UTC timestamp, the
+/// wrapper types their value, messages structs, repeated fields lists,
+/// maps maps. `Struct`, `Value`, `ListValue` and `Any` have no fixed
+/// columns: a message using them needs its columns declared.
+pub fn arrow_schema(message: &MessageDescriptor) -> Result<Schema, String> {
+    Ok(Schema::new(message_fields(message, 0)?))
+}
+
+fn message_fields(message: &MessageDescriptor, depth: usize) -> Result<Fields, String> {
+    if depth > 16 {
+        return Err(format!(
+            "{} nests more than 16 messages deep (a recursive message?): declare the columns",
+            message.full_name()
+        ));
+    }
+    message
+        .fields()
+        .map(|f| Ok(Field::new(f.name(), field_type(&f, depth)?, true)))
+        .collect()
+}
+
+fn field_type(f: &FieldDescriptor, depth: usize) -> Result<DataType, String> {
+    if f.is_map()
+        && let Kind::Message(entry) = f.kind()
+    {
+        let key = kind_type(&entry.map_entry_key_field(), depth)?;
+        let value = kind_type(&entry.map_entry_value_field(), depth)?;
+        let entries = Field::new(
+            "entries",
+            DataType::Struct(
+                vec![
+                    Field::new("key", key, false),
+                    Field::new("value", value, true),
+                ]
+                .into(),
+            ),
+            false,
+        );
+        return Ok(DataType::Map(Arc::new(entries), false));
+    }
+    let t = kind_type(f, depth)?;
+    Ok(if f.is_list() {
+        DataType::List(Arc::new(Field::new("item", t, true)))
+    } else {
+        t
+    })
+}
+
+fn kind_type(f: &FieldDescriptor, depth: usize) -> Result<DataType, String> {
+    Ok(match f.kind() {
+        Kind::Double => DataType::Float64,
+        Kind::Float => DataType::Float32,
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => DataType::Int32,
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 | Kind::Uint32 | Kind::Fixed32 => {
+            DataType::Int64
+        }
+        Kind::Uint64 | Kind::Fixed64 => DataType::UInt64,
+        Kind::Bool => DataType::Boolean,
+        Kind::String | Kind::Bytes | Kind::Enum(_) => DataType::Utf8,
+        Kind::Message(m) => match m.full_name() {
+            "google.protobuf.Timestamp" => {
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+            }
+            "google.protobuf.Duration" | "google.protobuf.FieldMask" => DataType::Utf8,
+            "google.protobuf.DoubleValue" => DataType::Float64,
+            "google.protobuf.FloatValue" => DataType::Float32,
+            "google.protobuf.Int64Value" | "google.protobuf.UInt32Value" => DataType::Int64,
+            "google.protobuf.UInt64Value" => DataType::UInt64,
+            "google.protobuf.Int32Value" => DataType::Int32,
+            "google.protobuf.BoolValue" => DataType::Boolean,
+            "google.protobuf.StringValue" | "google.protobuf.BytesValue" => DataType::Utf8,
+            "google.protobuf.Struct"
+            | "google.protobuf.Value"
+            | "google.protobuf.ListValue"
+            | "google.protobuf.Any" => {
+                return Err(format!(
+                    "field {} is a {}, which has no fixed columns: declare the table's columns",
+                    f.full_name(),
+                    m.full_name()
+                ));
+            }
+            _ => DataType::Struct(message_fields(&m, depth + 1)?),
+        },
+    })
 }
 
 #[cfg(test)]

@@ -94,6 +94,12 @@ impl Registry {
         settings
     }
 
+    /// A Kafka table's options for Protobuf values through this registry.
+    fn protobuf_options(&self) -> String {
+        self.job_options()
+            .replace("'format' 'avro'", "'format' 'protobuf'")
+    }
+
     /// A Kafka table's registry options.
     fn job_options(&self) -> String {
         format!(
@@ -701,25 +707,7 @@ fn orders_proto(package: &str, with_currency: bool) -> serde_json::Value {
 fn protobuf_values_of_two_schema_versions_are_read_by_field_name_and_unknown_ids_dead_lettered() {
     let (broker, registry, tmp) = setup(1);
     let proto = |i: usize, package: &str, v2: bool| {
-        let mut value = serde_json::json!({
-            "order_id": format!("o-{i}"),
-            "amount": i as f64 + 0.5,
-            "ts": "2026-01-01T00:00:00Z",
-            "status": if i.is_multiple_of(2) { "NEW" } else { "SENT" },
-            "tags": ["a"],
-            "qty": (i as i64) * 10_000_000_000,
-            "place": {"city": format!("city-{i}")},
-        });
-        if v2 {
-            value["currency"] = "USD".into();
-        }
-        serde_json::json!({
-            "key": format!("k{i}"),
-            "partition": 0,
-            "proto_file": orders_proto(package, v2),
-            "proto_message": format!("{package}.Order"),
-            "proto_value": value,
-        })
+        proto_order(i, package, v2, i as f64 + 0.5, format!("k{i}").into())
     };
     let mut lines: Vec<serde_json::Value> = (0..10).map(|i| proto(i, "shop", false)).collect();
     lines.extend((10..20).map(|i| proto(i, "shop.v2", true)));
@@ -738,36 +726,17 @@ fn protobuf_values_of_two_schema_versions_are_read_by_field_name_and_unknown_ids
              CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
              INSERT INTO out SELECT * EXCEPT (_key, _topic, _timestamp, _headers) FROM orders;\n",
             broker.bootstrap(),
-            registry
-                .job_options()
-                .replace("'format' 'avro'", "'format' 'protobuf'")
+            registry.protobuf_options()
         ),
     )
     .unwrap();
-    let o = run(dir);
-    assert!(o.status.success(), "{}", text(&o));
-    let mut rows = read_py(&dir.join("out"));
-    rows.sort_by_key(|r| r["_offset"].as_i64().unwrap());
+    let rows = run_sorted(dir);
     assert_eq!(rows.len(), 20, "{rows:?}");
     for (i, r) in rows.iter().enumerate() {
-        assert_eq!(r["order_id"], format!("o-{i}"), "{r}");
         assert_eq!(r["amount"].as_f64().unwrap(), i as f64 + 0.5, "{r}");
-        assert_eq!(r["qty"].as_i64().unwrap(), i as i64 * 10_000_000_000, "{r}");
-        let status = if i.is_multiple_of(2) { "NEW" } else { "SENT" };
-        assert_eq!(r["status"], status, "{r}");
-        assert!(
-            r["ts"].as_str().unwrap().starts_with("2026-01-01 00:00:00"),
-            "{r}"
-        );
-        // Written before the field existed: no value.
-        let currency = if i < 10 {
-            serde_json::Value::Null
-        } else {
-            "USD".into()
-        };
-        assert_eq!(r["currency"], currency, "{r}");
-        assert_eq!(r["tags"], serde_json::json!(["a"]), "{r}");
         assert_eq!(r["place"]["city"], format!("city-{i}"), "{r}");
+        // Written before the field existed: no value.
+        assert_proto_row(i, r, i >= 10);
     }
     assert_one_dead_letter(dir, "schema id 999 is not known");
 }
@@ -781,4 +750,97 @@ fn assert_one_dead_letter(dir: &std::path::Path, needle: &str) {
         bad[0]["error"].as_str().unwrap().contains(needle),
         "{bad:?}"
     );
+}
+
+#[test]
+fn protobuf_columns_left_out_come_from_the_subjects_latest_message_and_stay_pinned() {
+    let (broker, registry, tmp) = setup(1);
+    let proto = |i: usize, package: &str, v2: bool| {
+        proto_order(i, package, v2, i as f64, serde_json::Value::Null)
+    };
+    let lines: Vec<serde_json::Value> = (0..3)
+        .map(|i| proto(i, "shop", false))
+        .chain((3..6).map(|i| proto(i, "shop.v2", true)))
+        .collect();
+    produce(&broker, &registry, &lines);
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders STORED AS KAFKA LOCATION \
+             'kafka://{}/orders'\nOPTIONS ({});\n\
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out';\n\
+             INSERT INTO out SELECT order_id, amount, ts, status, tags, qty, place.city AS city, \
+             currency, _offset FROM orders;\n",
+            broker.bootstrap(),
+            registry.protobuf_options()
+        ),
+    )
+    .unwrap();
+    let rows = run_sorted(dir);
+    assert!(dir.join("ckpt/sources/orders/schema").exists());
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["city"], format!("city-{i}"), "{r}");
+        assert_proto_row(i, r, i >= 3);
+    }
+}
+
+/// Order `i` for `tests/py/produce.py`: a `package.Order` Protobuf value
+/// (with `currency` when `v2`), `amount`, keyed `key`, on partition 0.
+fn proto_order(
+    i: usize,
+    package: &str,
+    v2: bool,
+    amount: f64,
+    key: serde_json::Value,
+) -> serde_json::Value {
+    let mut value = serde_json::json!({
+        "order_id": format!("o-{i}"),
+        "amount": amount,
+        "ts": "2026-01-01T00:00:01Z",
+        "status": if i.is_multiple_of(2) { "NEW" } else { "SENT" },
+        "tags": ["a", "b"],
+        "qty": (i as i64) * 10_000_000_000,
+        "place": {"city": format!("city-{i}")},
+    });
+    if v2 {
+        value["currency"] = "USD".into();
+    }
+    serde_json::json!({
+        "key": key,
+        "partition": 0,
+        "proto_file": orders_proto(package, v2),
+        "proto_message": format!("{package}.Order"),
+        "proto_value": value,
+    })
+}
+
+/// Row `r` holds what [`proto_order`] `i` wrote (`currency` only if the
+/// writer's version had the field).
+fn assert_proto_row(i: usize, r: &serde_json::Value, has_currency: bool) {
+    assert_eq!(r["order_id"], format!("o-{i}"), "{r}");
+    assert_eq!(r["qty"].as_i64().unwrap(), i as i64 * 10_000_000_000, "{r}");
+    let status = if i.is_multiple_of(2) { "NEW" } else { "SENT" };
+    assert_eq!(r["status"], status, "{r}");
+    assert_eq!(r["tags"], serde_json::json!(["a", "b"]), "{r}");
+    assert!(
+        r["ts"].as_str().unwrap().starts_with("2026-01-01 00:00:01"),
+        "{r}"
+    );
+    let currency = if has_currency {
+        "USD".into()
+    } else {
+        serde_json::Value::Null
+    };
+    assert_eq!(r["currency"], currency, "{r}");
+}
+
+/// Run the job in `dir` to the end; the rows of `out` by offset.
+fn run_sorted(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let o = run(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut rows = read_py(&dir.join("out"));
+    rows.sort_by_key(|r| r["_offset"].as_i64().unwrap());
+    rows
 }

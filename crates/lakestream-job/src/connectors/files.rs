@@ -187,6 +187,28 @@ async fn inferred_schema(
     store_opts: &HashMap<String, String>,
 ) -> Result<SchemaRef> {
     let t = ctx.table();
+    pinned_columns(ctx, async {
+        let Some(schema) = FileSource::infer_schema(&t.name, &t.location, store_opts, fo).await?
+        else {
+            return Err(ctx.error(format!(
+                "cannot infer the schema of {}: no file under {} yet; declare the columns in \
+                 the CREATE statement",
+                t.name, t.location
+            )));
+        };
+        Ok(schema.as_ref().clone())
+    })
+    .await
+}
+
+/// The columns of a table declared without them: those kept in the
+/// checkpoint (`sources/<table>/schema`), or else what `infer` finds,
+/// kept there first, so every restart and replay reads with the same.
+pub(crate) async fn pinned_columns(
+    ctx: &TableContext<'_>,
+    infer: impl std::future::Future<Output = Result<arrow::datatypes::Schema>>,
+) -> Result<SchemaRef> {
+    let t = ctx.table();
     let stored = lakestream_checkpoint::read_source_state(
         ctx.checkpoint(),
         ctx.storage_options(),
@@ -207,13 +229,7 @@ async fn inferred_schema(
     if let Some(v) = stored {
         return schema_from_json(&v).map_err(corrupt);
     }
-    let Some(schema) = FileSource::infer_schema(&t.name, &t.location, store_opts, fo).await? else {
-        return Err(ctx.error(format!(
-            "cannot infer the schema of {}: no file under {} yet; declare the columns in the \
-             CREATE statement",
-            t.name, t.location
-        )));
-    };
+    let schema = infer.await?;
     let v = lakestream_checkpoint::init_source_state(
         ctx.checkpoint(),
         ctx.storage_options(),

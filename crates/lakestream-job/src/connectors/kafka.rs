@@ -56,6 +56,7 @@ impl SourceConnector for KafkaConnector {
             "value_subject",
             "key_subject",
             "key_columns",
+            "value_message",
         ]
     }
 
@@ -263,6 +264,7 @@ impl SourceConnector for KafkaConnector {
                 ))
             })?;
         }
+        let mut value_schema = t.schema.clone();
         o.format = match t
             .options
             .get("format")
@@ -275,9 +277,13 @@ impl SourceConnector for KafkaConnector {
             Some("avro") => {
                 ValueFormat::Avro(avro_values(ctx, &o, &registry_file, AvroPart::Value).await?)
             }
-            Some("protobuf") => ValueFormat::Protobuf(ProtobufValues {
-                registry: registry_client(ctx, &o, &registry_file)?,
-            }),
+            Some("protobuf") => {
+                let registry = registry_client(ctx, &o, &registry_file)?;
+                if t.schema.as_ref().is_none_or(|s| s.fields().is_empty()) {
+                    value_schema = Some(protobuf_columns(ctx, &o, &registry).await?);
+                }
+                ValueFormat::Protobuf(ProtobufValues { registry })
+            }
             Some(other) => {
                 return Err(err(format!(
                     "format {other:?} is not supported: use json, avro, protobuf, raw or string"
@@ -305,11 +311,7 @@ impl SourceConnector for KafkaConnector {
         }
         o.client_config = settings;
         o.client_config.remove("bootstrap.servers");
-        Ok(Arc::new(KafkaSource::try_new(
-            &t.name,
-            t.schema.clone(),
-            o,
-        )?))
+        Ok(Arc::new(KafkaSource::try_new(&t.name, value_schema, o)?))
     }
 }
 
@@ -517,4 +519,34 @@ fn registry_client(
             request_timeout: o.request_timeout,
         },
     )?))
+}
+
+/// `format 'protobuf'` without declared columns: those of the value
+/// subject's latest file's message (`value_message`, or its first) when
+/// the query first ran, kept in the checkpoint (`sources/<table>/schema`).
+async fn protobuf_columns(
+    ctx: &TableContext<'_>,
+    o: &KafkaSourceOptions,
+    registry: &SchemaRegistry,
+) -> Result<arrow::datatypes::SchemaRef> {
+    let t = ctx.table();
+    super::files::pinned_columns(ctx, async {
+        let subject = match (ctx.option("value_subject"), &o.topics) {
+            (Some(s), _) => s.to_string(),
+            (None, Topics::List(topics)) if topics.len() == 1 => format!("{}-value", topics[0]),
+            (None, _) => {
+                return Err(ctx.error(format!(
+                    "format 'protobuf' of {} without columns reads several topics: declare \
+                     the columns, or name the subject whose latest schema gives them with \
+                     'value_subject'",
+                    t.name
+                )));
+            }
+        };
+        let file = registry.latest_protobuf(&t.name, &subject).await?;
+        lakestream_source::protobuf::message_of(&file, ctx.option("value_message"))
+            .and_then(|m| lakestream_source::protobuf::arrow_schema(&m))
+            .map_err(|m| ctx.error(format!("{} (subject {subject}): {m}", t.name)))
+    })
+    .await
 }

@@ -153,39 +153,10 @@ impl SchemaRegistry {
                     .unwrap_or("AVRO");
                 match (kind, v.get("schema").and_then(|s| s.as_str())) {
                     ("AVRO", Some(s)) => Registered::Avro(Arc::from(s)),
-                    ("PROTOBUF", Some(_)) => {
-                        let serialized = match serialized_descriptor(&v) {
-                            Some(bytes) => (bytes, v),
-                            // Registered as `.proto` text: ask for the
-                            // descriptor.
-                            None => {
-                                let path = format!("/schemas/ids/{id}?format=serialized");
-                                let v = self.get(source, &path).await?.unwrap_or_default();
-                                let bytes = serialized_descriptor(&v).ok_or_else(|| {
-                                    self.error(
-                                        source,
-                                        &format!("GET {path}"),
-                                        "no base64 FileDescriptorProto in the answer".into(),
-                                        false,
-                                    )
-                                })?;
-                                (bytes, v)
-                            }
-                        };
-                        let mut deps = Vec::new();
-                        self.references(source, &serialized.1, &mut deps, 0).await?;
-                        match crate::protobuf::file_descriptor(&serialized.0, &deps) {
-                            Ok(file) => Registered::Protobuf(file),
-                            Err(reason) => {
-                                return Err(self.error(
-                                    source,
-                                    &format!("read Protobuf schema id {id}"),
-                                    reason,
-                                    false,
-                                ));
-                            }
-                        }
-                    }
+                    ("PROTOBUF", Some(_)) => Registered::Protobuf(
+                        self.protobuf_file(source, v, &format!("/schemas/ids/{id}"))
+                            .await?,
+                    ),
                     ("AVRO", None) => {
                         return Err(self.error(
                             source,
@@ -203,6 +174,88 @@ impl SchemaRegistry {
             .expect("registry cache")
             .insert(id, r.clone());
         Ok(r)
+    }
+
+    /// The Protobuf file of a registry `answer` to GET `path` (a schema
+    /// by id, or a subject's version): its serialized descriptor (asked
+    /// for with `?format=serialized` when it was registered as text) on
+    /// top of the files its references name.
+    async fn protobuf_file(
+        &self,
+        source: &str,
+        answer: serde_json::Value,
+        path: &str,
+    ) -> Result<prost_reflect::FileDescriptor> {
+        let (bytes, answer) = match serialized_descriptor(&answer) {
+            Some(bytes) => (bytes, answer),
+            None => {
+                let path = format!("{path}?format=serialized");
+                let v = self.get(source, &path).await?.unwrap_or_default();
+                let bytes = serialized_descriptor(&v).ok_or_else(|| {
+                    self.error(
+                        source,
+                        &format!("GET {path}"),
+                        "no base64 FileDescriptorProto in the answer".into(),
+                        false,
+                    )
+                })?;
+                (bytes, v)
+            }
+        };
+        let mut deps = Vec::new();
+        self.references(source, &answer, &mut deps, 0).await?;
+        crate::protobuf::file_descriptor(&bytes, &deps).map_err(|reason| {
+            self.error(
+                source,
+                &format!("read the Protobuf schema of GET {path}"),
+                reason,
+                false,
+            )
+        })
+    }
+
+    /// The registry's answer for the latest version of `subject`, and the
+    /// path asked.
+    async fn latest_answer(
+        &self,
+        source: &str,
+        subject: &str,
+    ) -> Result<(serde_json::Value, String)> {
+        let path = format!(
+            "/subjects/{}/versions/latest",
+            percent_encoding::utf8_percent_encode(subject, percent_encoding::NON_ALPHANUMERIC)
+        );
+        match self.get(source, &path).await? {
+            Some(v) => Ok((v, path)),
+            None => Err(self.error(
+                source,
+                &format!("read the latest schema of subject {subject}"),
+                format!(
+                    "the registry has no subject {subject}: register the topic's schema, \
+                     declare the columns, or name the subject ('value_subject', \
+                     'key_subject')"
+                ),
+                false,
+            )),
+        }
+    }
+
+    /// The latest Protobuf file of `subject`.
+    pub async fn latest_protobuf(
+        &self,
+        source: &str,
+        subject: &str,
+    ) -> Result<prost_reflect::FileDescriptor> {
+        let (v, path) = self.latest_answer(source, subject).await?;
+        if v.get("schemaType").and_then(|t| t.as_str()) != Some("PROTOBUF") {
+            return Err(self.error(
+                source,
+                &format!("read the latest schema of subject {subject}"),
+                "its latest schema is not a Protobuf schema".into(),
+                false,
+            ));
+        }
+        self.protobuf_file(source, v, &path).await
     }
 
     /// The serialized files `answer`'s references name (and theirs,
@@ -268,21 +321,7 @@ impl SchemaRegistry {
 
     /// The latest version of `subject`.
     pub async fn latest(&self, source: &str, subject: &str) -> Result<SubjectVersion> {
-        let path = format!(
-            "/subjects/{}/versions/latest",
-            percent_encoding::utf8_percent_encode(subject, percent_encoding::NON_ALPHANUMERIC)
-        );
-        let Some(v) = self.get(source, &path).await? else {
-            return Err(self.error(
-                source,
-                &format!("read the latest schema of subject {subject}"),
-                format!(
-                    "the registry has no subject {subject}: register the topic's value schema, \
-                     or name the subject with 'value_subject'"
-                ),
-                false,
-            ));
-        };
+        let (v, _) = self.latest_answer(source, subject).await?;
         let kind = v
             .get("schemaType")
             .and_then(|t| t.as_str())
