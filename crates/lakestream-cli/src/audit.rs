@@ -599,13 +599,29 @@ async fn verify_table(
             cs[0].version
         ));
     }
-    if let Some(planned) = view.offset_ids().await?.last()
+    let retained = view.offset_ids().await?;
+    if let Some(planned) = retained.last()
         && !by_batch.contains_key(planned)
         && last_committed.is_none_or(|c| c < *planned)
     {
         r.warnings.push(format!(
             "batch {planned} is planned (offsets/{planned}) but not committed: a restart runs it"
         ));
+    }
+    // Write-ahead records are purged oldest first: a committed batch's
+    // missing after the oldest kept one was lost, not purged.
+    if !check.dead_letters
+        && let (Some(&lo), Some(&hi)) = (retained.first(), retained.last())
+    {
+        let kept: BTreeSet<u64> = retained.iter().copied().collect();
+        for b in committed.iter().filter(|b| **b > lo && !kept.contains(*b)) {
+            r.errors.push(format!(
+                "batch {b} is committed (commits/{b}) but its write-ahead record offsets/{b} \
+                 is missing, while offsets/{lo} (the oldest kept) to offsets/{hi} are kept: the checkpoint is \
+                 damaged (a deleted or lost file); restore offsets/{b} from a backup, or start \
+                 the query on a new checkpoint"
+            ));
+        }
     }
 
     // Ranges: contiguous per source, and equal to offsets/N.

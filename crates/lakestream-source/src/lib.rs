@@ -10,7 +10,10 @@
 //! ```
 //!
 //! Implementations here:
-//! - [`files::FileSource`]: JSON-lines, CSV or Parquet files under a
+//! - [`kafka::KafkaSource`]: Kafka topics read by explicit offset ranges
+//!   (JSON, Avro or Protobuf values through a schema registry, text or
+//!   bytes), or as a consumer group whose positions live in the output.
+//! - [`files::FileSource`]: JSON-lines, CSV, Parquet or Avro files under a
 //!   directory or object-store prefix, each file taken once, in
 //!   (modification time, path) order.
 //! - [`generator::GeneratorSource`]: deterministic rows from a seed, for

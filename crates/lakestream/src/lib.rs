@@ -39,7 +39,8 @@
 //! - [`checkpoint`]: the offsets/commits log and its fence.
 //! - [`state`]: the keyed state of stateful queries (windows, sessions,
 //!   deduplication), versioned by batch under the checkpoint.
-//! - [`source`]: the `Source` trait, files and generator sources.
+//! - [`source`]: the `Source` trait; file (JSON, CSV, Parquet, Avro), Kafka,
+//!   Delta and generator sources.
 //! - [`sink`]: the `Sink` trait, the Delta and memory sinks.
 //! - [`job`]: SQL job files: parsing with positions, the streaming-shape
 //!   check, loading and running a job.

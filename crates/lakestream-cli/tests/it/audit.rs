@@ -192,6 +192,18 @@ fn verify_passes_a_clean_table_and_names_each_kind_of_damage() {
         "{report}"
     );
 
+    // A write-ahead record lost inside the retained window.
+    let d = broken("lost-offsets");
+    std::fs::remove_file(d.join("ckpt/offsets/1")).unwrap();
+    let (code, report) = verify(&d, &[]);
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        errors(&report).contains(
+            "batch 1 is committed (commits/1) but its write-ahead record offsets/1 is missing"
+        ),
+        "{report}"
+    );
+
     // Row counts that do not add up.
     let d = broken("rows");
     edit_commit(&d.join("out"), 1, |a| {

@@ -109,8 +109,9 @@ impl ScalarUDFImpl for WindowFunction {
     fn coerce_types(&self, arg_types: &[DataType]) -> DfResult<Vec<DataType>> {
         if !(2..=3).contains(&arg_types.len()) {
             return plan_err!(
-                "window() takes a timestamp and a duration: window(ts, '1 minute') (sliding \
-                 windows, window(ts, size, slide), are not supported yet)"
+                "window() takes a timestamp, a size and optionally a slide: \
+                 window(ts, '1 minute'), or window(ts, '10 minutes', '5 minutes') for sliding \
+                 windows"
             );
         }
         let ts = match &arg_types[0] {

@@ -39,6 +39,7 @@ use crate::{
 };
 
 mod decode;
+mod formats;
 mod group;
 mod plan;
 mod read;
