@@ -196,7 +196,7 @@ enum Command {
         lakestream bench --kafka-bootstrap 127.0.0.1:9092   # also Kafka -> Delta\n  \
         lakestream bench --only latency,startup --kafka-bootstrap 127.0.0.1:9092\n  \
         lakestream bench --only kafka,latency --kafka-mock   # librdkafka's mock broker, in process\n\n\
-        Build with --release for figures that mean anything; see docs/benchmarks.md."
+        Build with --profile dist for figures that mean anything; see docs/benchmarks.md."
     )]
     Bench {
         /// Working directory (cleared first).
