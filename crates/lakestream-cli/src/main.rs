@@ -484,16 +484,14 @@ fn parse_storage_option(s: &str) -> Result<(String, String), String> {
 /// - Two arenas (`MALLOC_ARENA_MAX`): by default glibc gives threads up to
 ///   eight arenas per core, and memory freed in one arena is not reused by
 ///   the others: a backfill's decode, query and Parquet threads then kept
-///   45-70 MB more resident (measured: 200-223 MB against 154-156 MB peak,
-///   at the same speed; docs/benchmarks.md).
+///   tens of megabytes more resident, at the same speed.
 /// - Blocks up to 32 MiB from the heap (`MALLOC_MMAP_THRESHOLD_`), and the
 ///   heap returned to the system only past 64 MiB free at its top
 ///   (`MALLOC_TRIM_THRESHOLD_`): otherwise each 4 MiB read buffer, Arrow
 ///   array and Parquet page buffer of a batch came from fresh pages that
-///   the kernel faulted in and zeroed, and went back at its free. A 5M-row
-///   backfill took 85k minor faults and 0.36 s of system time where it now
-///   takes 24k and 0.13 s, and ran 14% faster, for 6 MB more peak RSS
-///   (docs/benchmarks.md).
+///   the kernel faulted in and zeroed, and went back at its free: a backfill
+///   spent a third of its page faults and system time there, and ran
+///   measurably slower, for a few megabytes less peak RSS.
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

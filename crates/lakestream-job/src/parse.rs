@@ -16,8 +16,7 @@ const NAMESPACED_PREFIX: &str = "format.";
 /// session (which decides the sources' column types) and the engine's
 /// (`lakestream_engine::QueryBuilder::new`): `VARCHAR` as `Utf8`, not
 /// `Utf8View` (sources decode plain strings and the Delta sink writes them
-/// without a cast: 4-5% less CPU and wall on the backfill,
-/// docs/benchmarks.md).
+/// without a cast, which saves CPU on every batch).
 pub fn session_config() -> datafusion::prelude::SessionConfig {
     let mut config = datafusion::prelude::SessionConfig::new();
     config.options_mut().sql_parser.map_string_types_to_utf8view = false;

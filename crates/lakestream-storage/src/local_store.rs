@@ -3,8 +3,8 @@
 //!
 //! Every Delta commit lists `_delta_log/` from the current version on. The
 //! stock local store turns each directory entry into a URL and back before
-//! comparing it with the offset, which costs ~10 µs per entry: thousands of
-//! log files made each commit tens of milliseconds slower. This store
+//! comparing it with the offset, which costs per entry: thousands of log
+//! files made each commit markedly slower. This store
 //! compares the entry names first and only stats the entries past the offset.
 //! Writes are made durable: the stock store writes through the page cache
 //! and syncs nothing, so after a power loss a commit file could be lost or

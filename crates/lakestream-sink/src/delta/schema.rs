@@ -88,8 +88,8 @@ pub fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch
 
 /// Cast `column` to `to`. A naive timestamp is UTC here
 /// ([`delta_schema`]): arrow's cast takes it as local time in the target
-/// zone and converts every value through that zone's rules (7% of a
-/// backfill's CPU), which for UTC is the identity, so only the unit is
+/// zone and converts every value through that zone's rules (a visible share
+/// of a backfill's CPU), which for UTC is the identity, so only the unit is
 /// cast and the zone is set.
 fn cast_column(
     column: &arrow::array::ArrayRef,

@@ -521,9 +521,8 @@ pub(super) const READ_CHUNK: u64 = 4 << 20;
 
 /// Bytes read per request from a local disk. A request costs a blocking
 /// task, not a round trip, and a 1 MiB buffer is still in the core's cache
-/// when the decoder reads it: against 4 MiB, a backfill of 538 MB took the
-/// same time (medians of eight alternating runs) with 10 MB less peak RSS
-/// and 10% fewer page faults (docs/benchmarks.md).
+/// when the decoder reads it: against 4 MiB, a backfill takes the same time
+/// with less peak memory and fewer page faults.
 pub(super) const LOCAL_READ_CHUNK: u64 = 1 << 20;
 
 /// Bytes per read request: [`LOCAL_READ_CHUNK`] from a local disk,
@@ -540,10 +539,9 @@ pub(super) fn read_chunk(local: bool) -> u64 {
 /// `RWF_NOWAIT`, which never waits on the disk); any other range is read
 /// by the store, on its blocking pool. Handing every read to the pool cost
 /// two thread wake-ups per chunk, and beside a busy neighbour each one gave
-/// the core away: beside one or two busy loops the backfill ran at 0.83-0.88x of
-/// the raw floor that way and at 0.89-0.99x reading cached ranges here,
-/// with 60% fewer voluntary context switches; on a quiet machine the two
-/// are even (docs/benchmarks.md).
+/// the core away: beside busy neighbours the backfill ran measurably slower
+/// that way than reading cached ranges here, with many more voluntary
+/// context switches; on a quiet machine the two are even.
 pub(super) fn ranged_chunks(
     store: Arc<dyn ObjectStore>,
     path: Path,

@@ -222,14 +222,14 @@ impl TextCompression {
 /// Default `max_bytes_per_trigger`: 256 MiB. A stateless query's batch
 /// streams, so its size does not set memory (the sink bounds its open
 /// files whatever the batch's size); fewer, larger batches leave the cores
-/// idle at fewer commits (a backfill measured 0.94x the raw floor at
-/// 256 MiB against 0.90x at 64 MiB).
+/// idle at fewer commits (a backfill comes closer to the raw floor at
+/// 256 MiB than at 64 MiB).
 pub const DEFAULT_MAX_BYTES_PER_TRIGGER: u64 = 256 << 20;
 
 /// Default `held_max_bytes_per_trigger`: 64 MiB, for a query that holds a
-/// batch's groups or rows in memory (a windowed count by user over the
-/// backfill's events peaked at 443-460 MiB with 64 MiB batches, and at
-/// 1,004-1,078 MiB with 256 MiB batches).
+/// batch's groups or rows in memory, whose peak memory grows with the
+/// batch (a windowed count by user over the backfill's events more than
+/// doubles it from 64 MiB to 256 MiB batches).
 pub const DEFAULT_HELD_MAX_BYTES_PER_TRIGGER: u64 = 64 << 20;
 
 impl FileSourceOptions {
