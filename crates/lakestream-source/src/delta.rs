@@ -787,7 +787,7 @@ impl Inner {
         };
         let change = file.change.clone();
         let (file_schema, stream) =
-            crate::files::decode::open_parquet(store, path, size, batch_size)
+            crate::files::columnar::open_parquet(store, path, size, batch_size)
                 .await
                 .map_err(malformed)?;
         let parts: Vec<(usize, Option<String>)> = schema

@@ -59,10 +59,12 @@ use crate::{
 };
 use lakestream_storage::Location;
 
+pub(crate) mod columnar;
 pub(crate) mod decode;
 mod list;
 mod seen;
 
+use columnar::*;
 use decode::*;
 pub use list::Shard;
 use list::*;
