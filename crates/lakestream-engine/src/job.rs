@@ -301,7 +301,7 @@ fn job_storage_options<'a>(
     let mut storage = HashMap::new();
     let mut settings = Vec::new();
     for stmt in &job.settings {
-        match storage_setting(&stmt.to_string()) {
+        match storage_setting(stmt) {
             Some((k, v)) => {
                 storage.insert(normalize_option_key(&k), v);
             }
@@ -315,21 +315,51 @@ fn job_storage_options<'a>(
     (storage, settings)
 }
 
-/// `SET aws.region = 'eu-west-1'` as `("aws.region", "eu-west-1")` when the
-/// key names a storage option (`aws.`, `google.`, `azure.`).
-fn storage_setting(stmt: &str) -> Option<(String, String)> {
-    let re = regex::Regex::new(
-        r"(?is)^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?((?:aws|google|azure)\.[A-Za-z0-9_.]+)\s*(?:=|\bTO\b)\s*(.+?)\s*;?\s*$",
-    )
-    .expect("valid regex");
-    let c = re.captures(stmt)?;
-    let v = c[2].trim();
-    let v = v
-        .strip_prefix('\'')
-        .and_then(|v| v.strip_suffix('\''))
-        .or_else(|| v.strip_prefix('"').and_then(|v| v.strip_suffix('"')))
-        .unwrap_or(v);
-    Some((c[1].to_ascii_lowercase(), v.replace("''", "'")))
+/// `SET aws.region = 'eu-west-1'` (or `TO`, `SESSION`, `LOCAL`) as
+/// `("aws.region", "eu-west-1")` when the key names a storage option
+/// (`aws.`, `google.`, `azure.`), read from the statement's syntax tree.
+fn storage_setting(stmt: &datafusion::sql::parser::Statement) -> Option<(String, String)> {
+    use datafusion::sql::sqlparser::ast::{Expr, Set, Statement, Value};
+    let datafusion::sql::parser::Statement::Statement(s) = stmt else {
+        return None;
+    };
+    let Statement::Set(Set::SingleAssignment {
+        hivevar: false,
+        variable,
+        values,
+        ..
+    }) = s.as_ref()
+    else {
+        return None;
+    };
+    let key = variable
+        .0
+        .iter()
+        .map(|part| {
+            part.as_ident()
+                .map_or_else(|| part.to_string(), |i| i.value.clone())
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+        .to_ascii_lowercase();
+    if !["aws.", "google.", "azure."]
+        .iter()
+        .any(|p| key.starts_with(p))
+    {
+        return None;
+    }
+    let [value] = values.as_slice() else {
+        return None;
+    };
+    let value = match value {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+            other => other.to_string(),
+        },
+        Expr::Identifier(i) => i.value.clone(),
+        other => other.to_string(),
+    };
+    Some((key, value))
 }
 
 async fn register_static(
@@ -405,18 +435,27 @@ mod tests {
 
     #[test]
     fn storage_settings_are_taken_from_set_statements() {
+        let setting = |sql: &str| {
+            let mut stmts = datafusion::sql::parser::DFParser::parse_sql(sql).unwrap();
+            storage_setting(&stmts.pop_front().unwrap())
+        };
         assert_eq!(
-            storage_setting("SET aws.endpoint = 'http://127.0.0.1:9000'"),
+            setting("SET aws.endpoint = 'http://127.0.0.1:9000'"),
             Some(("aws.endpoint".into(), "http://127.0.0.1:9000".into()))
         );
         assert_eq!(
-            storage_setting("SET AWS.Region TO 'eu-west-1'"),
+            setting("SET AWS.Region TO 'eu-west-1'"),
             Some(("aws.region".into(), "eu-west-1".into()))
         );
         assert_eq!(
-            storage_setting("SET datafusion.execution.batch_size = 1024"),
-            None
+            setting("SET aws.secret_access_key = 'it''s'"),
+            Some(("aws.secret_access_key".into(), "it's".into()))
         );
+        assert_eq!(
+            setting("SET SESSION google.service_account = \"/k.json\""),
+            Some(("google.service_account".into(), "/k.json".into()))
+        );
+        assert_eq!(setting("SET datafusion.execution.batch_size = 1024"), None);
     }
 
     #[tokio::test]
