@@ -10,21 +10,19 @@
 //!
 //! Nothing is written to a table: the figures are decoding alone.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use arrow::array::{
     ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
-use futures::StreamExt;
-use lakestream_engine::source::Source;
 use lakestream_engine::source::avro::decoder_for;
-use lakestream_engine::source::files::{FileFormat, FileSource, FileSourceOptions};
+use lakestream_engine::source::files::FileFormat;
 
+use super::decode::file_source_rows;
 use super::{figure, percentile};
 
 /// Rows per decoded batch, as the Kafka source's default `batch_size`.
@@ -177,38 +175,6 @@ fn write_files(dir: &Path, rows: u64, files: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Rows read by the file source over `input` in `format`, on `partitions`
-/// streams polled at once.
-async fn read_files(input: &Path, format: FileFormat, partitions: usize) -> anyhow::Result<u64> {
-    let mut o = FileSourceOptions::new(format);
-    o.max_bytes_per_trigger = None;
-    let source = FileSource::try_new(
-        "events",
-        input.to_str().context("a UTF-8 path")?,
-        &HashMap::new(),
-        schema(),
-        o,
-    )?;
-    source.restore(None).await?;
-    source.recover(&[]).await?;
-    source.freeze().await?;
-    let start = source.initial_offset().await?;
-    let end = source
-        .plan(start.as_ref())
-        .await?
-        .context("no input to read")?;
-    let streams = source.read(start.as_ref(), &end, partitions)?;
-    let counts = futures::future::try_join_all(streams.into_iter().map(|mut s| async move {
-        let mut n = 0u64;
-        while let Some(b) = s.next().await {
-            n += b?.num_rows() as u64;
-        }
-        Ok::<_, anyhow::Error>(n)
-    }))
-    .await?;
-    Ok(counts.into_iter().sum())
-}
-
 /// The median seconds of `runs` calls of `f`, which must return `rows`.
 fn median_secs(
     runs: usize,
@@ -279,16 +245,18 @@ pub(super) fn avro(dir: &Path, rows: u64, files: u64, runs: usize) -> anyhow::Re
     let (mut fa, mut fj) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         fa.push(median_secs(1, rows, "the Avro files", || {
-            rt.block_on(read_files(
+            rt.block_on(file_source_rows(
                 &input.join("avro"),
                 FileFormat::Avro,
+                schema(),
                 partitions,
             ))
         })?);
         fj.push(median_secs(1, rows, "the JSON files", || {
-            rt.block_on(read_files(
+            rt.block_on(file_source_rows(
                 &input.join("json"),
                 FileFormat::Json,
+                schema(),
                 partitions,
             ))
         })?);

@@ -54,13 +54,25 @@ where
 /// Rows read by lakestream's file source: every file in one range, split
 /// over `partitions` streams polled at once.
 async fn ours(input: &Path, partitions: usize) -> anyhow::Result<u64> {
-    let mut o = FileSourceOptions::new(FileFormat::Json);
+    file_source_rows(input, FileFormat::Json, schema(), partitions).await
+}
+
+/// Rows the file source reads from the `format` files under `input` as
+/// `schema`, every file in one range, on `partitions` streams polled at
+/// once.
+pub(super) async fn file_source_rows(
+    input: &Path,
+    format: FileFormat,
+    schema: Arc<Schema>,
+    partitions: usize,
+) -> anyhow::Result<u64> {
+    let mut o = FileSourceOptions::new(format);
     o.max_bytes_per_trigger = None;
     let source = FileSource::try_new(
         "events",
         input.to_str().context("a UTF-8 path")?,
         &HashMap::new(),
-        schema(),
+        schema,
         o,
     )?;
     source.restore(None).await?;

@@ -185,10 +185,23 @@ fn produce(broker: &Broker, registry: &Registry, lines: &[serde_json::Value]) ->
 }
 
 fn run(dir: &std::path::Path) -> std::process::Output {
+    run_with(dir, "ckpt", REGISTRY_PASSWORD)
+}
+
+/// The job in `dir` to the end, checkpointed at `checkpoint`, with
+/// `password` as the registry password in the environment.
+fn run_with(dir: &std::path::Path, checkpoint: &str, password: &str) -> std::process::Output {
     bin()
         .current_dir(dir)
-        .args(RUN_JOB)
-        .env("LS_TEST_SR_PASSWORD", REGISTRY_PASSWORD)
+        .args([
+            "run",
+            "job.sql",
+            "--checkpoint",
+            checkpoint,
+            "--trigger",
+            "available-now",
+        ])
+        .env("LS_TEST_SR_PASSWORD", password)
         .output()
         .unwrap()
 }
@@ -387,19 +400,7 @@ fn registry_and_schema_problems_are_named() {
     );
 
     // A wrong password: the registry's 401, and what to check.
-    let o = bin()
-        .current_dir(dir)
-        .args([
-            "run",
-            "job.sql",
-            "--checkpoint",
-            "ckpt2",
-            "--trigger",
-            "available-now",
-        ])
-        .env("LS_TEST_SR_PASSWORD", "wrong-one")
-        .output()
-        .unwrap();
+    let o = run_with(dir, "ckpt2", "wrong-one");
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     let e = stderr(&o);
     assert!(
@@ -414,19 +415,7 @@ fn registry_and_schema_problems_are_named() {
         job("order_id VARCHAR, colour VARCHAR", ""),
     )
     .unwrap();
-    let o = bin()
-        .current_dir(dir)
-        .args([
-            "run",
-            "job.sql",
-            "--checkpoint",
-            "ckpt3",
-            "--trigger",
-            "available-now",
-        ])
-        .env("LS_TEST_SR_PASSWORD", REGISTRY_PASSWORD)
-        .output()
-        .unwrap();
+    let o = run_with(dir, "ckpt3", REGISTRY_PASSWORD);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let e = stderr(&o);
     assert!(

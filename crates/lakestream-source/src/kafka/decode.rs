@@ -161,10 +161,8 @@ impl RowBuilder {
     ) -> Option<(u32, Arc<super::registry::SchemaRegistry>)> {
         let missing = |a: &AvroRows, bytes: Option<&[u8]>| {
             let id = framed_schema_id(bytes, "value").ok()?;
-            a.values
-                .registry
-                .cached(id)
-                .is_none()
+            // An id with a decoder was fetched: no lock per record.
+            (!a.decoders.contains_key(&id) && a.values.registry.cached(id).is_none())
                 .then(|| (id, a.values.registry.clone()))
         };
         let value = match &self.format {

@@ -206,6 +206,26 @@ impl AvroRows {
         }
     }
 
+    /// The writer schema `id` from the registry's cache, or why a record
+    /// written with it is bad.
+    fn writer(&self, id: u32) -> std::result::Result<Arc<str>, String> {
+        let what = if self.key { "key" } else { "value" };
+        match self.values.registry.cached(id) {
+            Some(Registered::Avro(w)) => Ok(w),
+            Some(Registered::Unknown) => Err(format!(
+                "the {what}'s schema id {id} is not known to the schema registry {}",
+                self.values.registry.urls()
+            )),
+            Some(Registered::Protobuf(_)) => Err(format!(
+                "the {what}'s schema id {id} is a PROTOBUF schema in the registry, not Avro"
+            )),
+            Some(Registered::OtherType(t)) => Err(format!(
+                "the {what}'s schema id {id} is a {t} schema in the registry, not Avro"
+            )),
+            None => Err(format!("schema id {id} was not fetched from the registry")),
+        }
+    }
+
     /// The decoder of writer schema `id` (written as `writer`).
     pub(super) fn fresh_decoder(
         &self,
@@ -226,9 +246,7 @@ impl AvroRows {
         let (Some(id), Some(_)) = (self.current, self.pending.pop()) else {
             return Ok(());
         };
-        let Some(Registered::Avro(writer)) = self.values.registry.cached(id) else {
-            return Ok(());
-        };
+        let writer = self.writer(id)?;
         self.redecode_pending(id, &writer)
     }
 
@@ -256,33 +274,16 @@ impl AvroRows {
         let what = if self.key { "key" } else { "value" };
         let id = framed_schema_id(payload, what)?;
         let p = payload.expect("framed");
-        let writer = match self.values.registry.cached(id) {
-            Some(Registered::Avro(w)) => w,
-            Some(Registered::Unknown) => {
-                return Err(format!(
-                    "the {what}'s schema id {id} is not known to the schema registry {}",
-                    self.values.registry.urls()
-                ));
-            }
-            Some(Registered::Protobuf(_)) => {
-                return Err(format!(
-                    "the {what}'s schema id {id} is a PROTOBUF schema in the registry, not Avro"
-                ));
-            }
-            Some(Registered::OtherType(t)) => {
-                return Err(format!(
-                    "the {what}'s schema id {id} is a {t} schema in the registry, not Avro"
-                ));
-            }
-            None => return Err(format!("schema id {id} was not fetched from the registry")),
-        };
+        // A decoder exists only for an id the registry gave an Avro schema
+        // for: the cache is asked once per id, not per record.
+        if !self.decoders.contains_key(&id) {
+            let writer = self.writer(id)?;
+            let d = self.fresh_decoder(id, &writer);
+            self.decoders.insert(id, d);
+        }
         if self.current != Some(id) {
             self.flush_current()?;
             self.current = Some(id);
-        }
-        if !self.decoders.contains_key(&id) {
-            let d = self.fresh_decoder(id, &writer);
-            self.decoders.insert(id, d);
         }
         let d = self.decoders.get_mut(&id).expect("inserted");
         let d = match d {
@@ -313,7 +314,7 @@ impl AvroRows {
         if self.keep_pending {
             // The failed value may have left part of a row in the decoder:
             // a fresh one takes the values before it again.
-            self.redecode_pending(id, &writer)?;
+            self.redecode_pending(id, &self.writer(id)?)?;
         }
         Err(reason)
     }
