@@ -13,7 +13,7 @@ use deltalake::DeltaTable;
 use futures::TryStreamExt;
 use lakestream::storage::Location;
 use lakestream_engine::checkpoint::{Checkpoint, CheckpointView};
-use lakestream_engine::lineage::same_offset;
+use lakestream_engine::lineage::{CommitLineage, same_offset};
 
 use crate::table::load;
 use serde_json::{Value, json};
@@ -30,11 +30,15 @@ struct LogCommit {
     adds: Vec<(String, Option<u64>)>,
     /// Paths of `remove` actions.
     removes: Vec<String>,
+    /// `commitInfo.lakestream`, when the commit is a lakestream query's (or
+    /// why it does not parse).
+    lineage: Option<Result<CommitLineage, String>>,
 }
 
 impl LogCommit {
-    fn lakestream(&self) -> Option<&Value> {
-        self.info.get("lakestream").filter(|v| v.is_object())
+    /// The lineage of a lakestream commit that parses.
+    fn lakestream(&self) -> Option<&CommitLineage> {
+        self.lineage.as_ref()?.as_ref().ok()
     }
 }
 
@@ -45,21 +49,10 @@ impl LogCommit {
 fn check_position_chains(commits: &[LogCommit], r: &mut Report) {
     let mut last: BTreeMap<String, (u64, i64)> = BTreeMap::new();
     for c in commits {
-        let Some(positions) = c
-            .lakestream()
-            .and_then(|l| l.get("positions"))
-            .and_then(|p| p.as_object())
-        else {
+        let Some(l) = c.lakestream() else {
             continue;
         };
-        for (app_id, range) in positions {
-            let (Some(from), Some(to)) = (range[0].as_i64(), range[1].as_i64()) else {
-                r.errors.push(format!(
-                    "version {}: position {app_id} has no [from, to] range: {range}",
-                    c.version
-                ));
-                continue;
-            };
+        for (app_id, &(from, to)) in &l.positions {
             if c.txns.get(app_id).map(|v| *v as i64) != Some(to) {
                 r.errors.push(format!(
                     "version {}: position {app_id} ends at {to} but the commit's txn for it \
@@ -125,6 +118,7 @@ async fn read_commit(table: &DeltaTable, version: u64) -> anyhow::Result<Option<
                 .push(decode(r["path"].as_str().unwrap_or_default()));
         }
     }
+    c.lineage = c.info.get("lakestream").and_then(CommitLineage::from_value);
     Ok(Some(c))
 }
 
@@ -155,6 +149,11 @@ pub(crate) async fn lineage(
              lineage is kept in the commits the log keeps"
         )
     })?;
+    if let Some(Err(e)) = &commit.lineage {
+        bail!(
+            "version {version} of {url} has a lakestream lineage record that does not parse: {e}"
+        );
+    }
     let Some(l) = commit.lakestream() else {
         let op = commit.info["operation"].as_str().unwrap_or("unknown");
         if json_out {
@@ -178,14 +177,14 @@ pub(crate) async fn lineage(
                 "lakestream": true,
                 "operation": commit.info["operation"],
                 "timestamp": commit.info["timestamp"],
-                "query_id": l["queryId"],
-                "batch_id": l["batchId"],
-                "sql_fingerprint": l["sqlFingerprint"],
-                "input_rows": l["inputRows"],
-                "output_rows": l["outputRows"],
+                "query_id": l.query_id,
+                "batch_id": l.batch_id,
+                "sql_fingerprint": l.sql_fingerprint,
+                "input_rows": l.input_rows,
+                "output_rows": l.output_rows,
                 "files_added": commit.adds.len(),
-                "ranges": l["ranges"],
-                "skipped": l["skipped"],
+                "ranges": (!l.ranges.is_empty()).then_some(&l.ranges),
+                "skipped": (!l.skipped.is_empty()).then_some(&l.skipped),
             })
         );
         return Ok(());
@@ -197,45 +196,34 @@ pub(crate) async fn lineage(
         .unwrap_or_else(|| "-".into());
     outln!(
         "version {version} of {url}: batch {} of query {}, committed {when}",
-        l["batchId"],
-        l["queryId"].as_str().unwrap_or("?")
+        l.batch_id,
+        l.query_id
     );
     outln!(
         "  rows: {} read, {} written in {} files ({} by the files' stats)",
-        opt(&l["inputRows"]),
-        opt(&l["outputRows"]),
+        opt(l.input_rows),
+        opt(l.output_rows),
         commit.adds.len(),
         rows_added
     );
-    outln!("  query: {}", l["sqlFingerprint"].as_str().unwrap_or("-"));
-    match l["ranges"].as_object() {
-        None => outln!("  (written before lakestream recorded source ranges)"),
-        Some(ranges) => {
-            for (name, r) in ranges {
-                outln!(
-                    "  source {name} {}:",
-                    r["source"].as_str().unwrap_or_default()
-                );
-                for line in describe_range(&r["start"], &r["end"]) {
-                    outln!("    {line}");
-                }
-            }
+    outln!("  query: {}", l.sql_fingerprint.as_deref().unwrap_or("-"));
+    if l.ranges.is_empty() {
+        outln!("  (written before lakestream recorded source ranges)");
+    }
+    for (name, r) in &l.ranges {
+        outln!("  source {name} {}:", r.source);
+        for line in describe_range(&r.start, &r.end) {
+            outln!("    {line}");
         }
     }
-    if let Some(skipped) = l.get("skipped").and_then(|s| s.as_object()) {
-        for (name, s) in skipped {
-            outln!("  source {name} left out: {s}");
-        }
+    for (name, s) in &l.skipped {
+        outln!("  source {name} left out: {s}");
     }
     Ok(())
 }
 
-fn opt(v: &Value) -> String {
-    if v.is_null() {
-        "-".into()
-    } else {
-        v.to_string()
-    }
+fn opt(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
 /// Human lines for a recorded range, by the offset's shape: Kafka
@@ -249,7 +237,9 @@ fn describe_range(start: &Value, end: &Value) -> Vec<String> {
         return vec![format!(
             "a long offset ({} bytes of JSON) recorded as its sha256 {}; the checkpoint's {} \
              holds it in full while it retains the batch",
-            opt(&end["bytes"]),
+            end["bytes"]
+                .as_u64()
+                .map_or_else(|| "?".into(), |b| b.to_string()),
             digest.as_str().unwrap_or("?"),
             at.as_str().unwrap_or("?")
         )];
@@ -259,7 +249,7 @@ fn describe_range(start: &Value, end: &Value) -> Vec<String> {
             "{} files (files {}..{} of the source)",
             files.len(),
             end["count"].as_u64().unwrap_or(0) - files.len() as u64,
-            opt(&end["count"])
+            end["count"].as_u64().unwrap_or(0)
         )];
         out.extend(
             files
@@ -507,10 +497,16 @@ async fn verify_table(
     let mut by_batch: BTreeMap<u64, Vec<&LogCommit>> = BTreeMap::new();
     for c in &commits {
         let txn = c.txns.get(&query_id).copied();
+        if let Some(Err(e)) = &c.lineage {
+            r.errors.push(format!(
+                "version {}: its lineage record (commitInfo.lakestream) does not parse: {e}",
+                c.version
+            ));
+        }
         let info_batch = c
             .lakestream()
-            .filter(|l| l["queryId"].as_str() == Some(query_id.as_str()))
-            .and_then(|l| l["batchId"].as_u64());
+            .filter(|l| l.query_id == query_id)
+            .map(|l| l.batch_id);
         match (txn, info_batch) {
             (Some(t), Some(b)) if t != b => r.errors.push(format!(
                 "version {}: its txn says batch {t} but its commitInfo says batch {b}",
@@ -628,13 +624,14 @@ async fn verify_table(
     let mut last_end: BTreeMap<String, (u64, Value)> = BTreeMap::new();
     for (b, cs) in &by_batch {
         let c = cs[0];
-        let Some(ranges) = c.lakestream().and_then(|l| l["ranges"].as_object()) else {
+        let Some(l) = c.lakestream().filter(|l| !l.ranges.is_empty()) else {
             // Written before lineage was recorded: nothing to compare.
             last_end.clear();
             continue;
         };
+        let ranges = &l.ranges;
         for (source, range) in ranges {
-            let (start, end) = (&range["start"], &range["end"]);
+            let (start, end) = (&range.start, &range.end);
             // Group mode: a process's batches are not one chain (its
             // partitions change); the chains are per partition, across
             // processes (`check_position_chains`).
@@ -667,14 +664,14 @@ async fn verify_table(
                     continue;
                 };
                 let start = pr.start.clone().unwrap_or(Value::Null);
-                if !same_offset(&range["start"], &start) || !same_offset(&range["end"], &pr.end) {
+                if !same_offset(&range.start, &start) || !same_offset(&range.end, &pr.end) {
                     r.errors.push(format!(
                         "batch {b}: the range of source {source} in the commit (version {}) is \
                          not the one in offsets/{b}: the commit has {} .. {}, the checkpoint {} \
                          .. {}",
                         c.version,
-                        short(&range["start"]),
-                        short(&range["end"]),
+                        short(&range.start),
+                        short(&range.end),
                         short(&start),
                         short(&pr.end)
                     ));
@@ -682,11 +679,10 @@ async fn verify_table(
             }
         }
         // Row counts: what the commit says it wrote against its files.
-        let l = c.lakestream().expect("has ranges");
         let appended = c.info["operation"] == "STREAMING UPDATE" && c.removes.is_empty();
         let stats: Option<u64> = c.adds.iter().map(|(_, n)| *n).sum();
         if appended
-            && let (Some(said), Some(stats)) = (l["outputRows"].as_u64(), stats)
+            && let (Some(said), Some(stats)) = (l.output_rows, stats)
             && said != stats
         {
             r.errors.push(format!(
@@ -696,8 +692,7 @@ async fn verify_table(
             ));
         }
         if let Some(p) = view.progress(*b).await.ok().flatten()
-            && let (Some(pin), Some(cin)) =
-                (p.progress["input_rows"].as_u64(), l["inputRows"].as_u64())
+            && let (Some(pin), Some(cin)) = (p.progress["input_rows"].as_u64(), l.input_rows)
             && pin != cin
             && p.progress["skipped"] != true
         {

@@ -226,7 +226,11 @@ pub(crate) async fn history(
             .unwrap_or(Value::Null);
         let ts = info["timestamp"].as_i64();
         let op = info["operation"].as_str().unwrap_or("-").to_string();
-        let batch = info["lakestream"]["batchId"].as_u64();
+        let batch = info
+            .get("lakestream")
+            .and_then(lakestream_engine::lineage::CommitLineage::from_value)
+            .and_then(Result::ok)
+            .map(|l| l.batch_id);
         let time = ts
             .and_then(chrono::DateTime::from_timestamp_millis)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))

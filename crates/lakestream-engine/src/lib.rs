@@ -17,7 +17,9 @@ pub mod dead_letter;
 mod driver;
 pub mod for_each;
 pub mod job;
-pub mod lineage;
+/// What each commit records of where its rows came from (the protocol's
+/// lineage record and its helpers).
+pub use lakestream_protocol::lineage;
 pub mod metrics;
 mod progress;
 mod provider;

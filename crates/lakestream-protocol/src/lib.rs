@@ -18,15 +18,20 @@
 //!    "already committed" and adds nothing.
 //! 4. **Mark**: `commits/N` records the table versions; the batch is done.
 //!
+//! Each commit records a [`lineage::CommitLineage`]: the batch, the query
+//! and the exact ranges it read, which `verify` checks the chain with.
+//!
 //! A restart ([`recovery::resume`]) re-runs a batch written ahead but not
 //! marked with exactly its logged range ([`batch::BatchSteps`] first asks
 //! each output whether it holds it), then plans new batches.
 
 pub mod batch;
+pub mod lineage;
 pub mod recovery;
 pub mod retention;
 
 pub use batch::{Action, BatchReport, BatchSteps, Committed, Mark, OutputRole};
+pub use lineage::{CommitLineage, LINEAGE_VERSION, RangeRecord};
 pub use recovery::{Resume, first_needed, resume};
 pub use retention::keep_from;
 

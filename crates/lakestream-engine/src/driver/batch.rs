@@ -1,6 +1,8 @@
-//! One micro-batch: skip it if the table already holds it, else execute
-//! each output's plan over the batch's ranges, stage its output and commit
-//! it (one commit per output, each with the batch id).
+//! One micro-batch, as the protocol's steps say ([`lakestream_protocol::
+//! BatchSteps`]): skip the outputs whose tables hold it already, execute
+//! each other output's plan over the batch's ranges, stage its output and
+//! commit it (one commit per output, each with the batch id), then mark
+//! the batch done.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,17 +12,41 @@ use datafusion::error::DataFusionError;
 use datafusion::physical_plan::execute_stream_partitioned;
 use futures::StreamExt;
 use lakestream_checkpoint::{CommitEntry, OffsetsEntry};
+use lakestream_protocol::{Action, BatchReport, BatchSteps, Committed, OutputRole};
 use lakestream_sink::{CommitInfo, CommitOutcome};
 
 use super::{Driver, OutputKind, OutputPlan};
 use crate::dead_letter;
-use crate::lineage;
+use crate::lineage::{self, CommitLineage, RangeRecord};
 use crate::progress::{BatchProgress, Durations, OutputProgress, SourceProgress};
 use crate::provider::{BatchRange, BatchScans, source_failure};
 use crate::stateful::StateProgress;
 use crate::{Error, FailPoint, Result};
 use arrow::datatypes::DataType;
 use lakestream_source::Rejected;
+
+/// What one attempt at a batch has gathered between its steps.
+#[derive(Default)]
+struct Attempt {
+    /// Each output's staged rows, until committed.
+    staged: Vec<Option<lakestream_sink::Staged>>,
+    /// What every commit records (ranges read, counts, engine).
+    lineage: CommitLineage,
+    /// The records each source rejected, for the dead-letter outputs.
+    rejected: Rejections,
+    /// Rows set apart by their table's rules, for the first dead-letter
+    /// output.
+    violations: Vec<(String, Rejected)>,
+    /// Rows, files and bytes each output's commit added.
+    written: Vec<(u64, usize, u64)>,
+    exec_time: Duration,
+    commit_time: Duration,
+    /// Whether an output commit was carried out yet (for fault injection).
+    committed_once: bool,
+    /// Whether any output was staged or the input read (not so when every
+    /// output held the batch already).
+    executed: bool,
+}
 
 impl Driver {
     pub(super) async fn run_batch(
@@ -32,15 +58,75 @@ impl Driver {
         since_last: Option<Duration>,
     ) -> Result<BatchProgress> {
         let batch_id = entry.batch_id;
-        let query_id = self.ckpt.query_id().to_string();
         let t0 = Instant::now();
         self.fail(FailPoint::AfterWriteAhead, batch_id)?;
+        let mut progress = self.start_progress(entry, recovered);
+        let roles = self
+            .outputs
+            .iter()
+            .map(|o| match o.kind {
+                OutputKind::Query(_) => OutputRole::Query,
+                OutputKind::DeadLetters(_) => OutputRole::DeadLetters,
+            })
+            .collect();
+        let mut steps = BatchSteps::new(batch_id, roles, recovered);
+        let n = self.outputs.len();
+        let mut at = Attempt {
+            staged: (0..n).map(|_| None).collect(),
+            written: vec![(0, 0, 0); n],
+            ..Default::default()
+        };
+        let report = loop {
+            match steps.next() {
+                Action::CheckOutputs => {
+                    let found = self.check_outputs(batch_id).await?;
+                    steps.checked(&found);
+                }
+                Action::Execute(queries) => {
+                    self.stage(entry, &queries, &steps, &mut at, &mut progress)
+                        .await?;
+                    steps.executed();
+                }
+                Action::Commit(i) => {
+                    let outcome = self.commit_output(entry, i, &mut at, &mut progress).await?;
+                    steps.committed(i, outcome);
+                }
+                Action::Mark(m) => {
+                    let t_mark = Instant::now();
+                    let mut mark = self.commit_entry(batch_id, &m.versions, m.skipped);
+                    mark.superseded = m.superseded;
+                    self.ckpt.write_commit(&mark).await?;
+                    at.commit_time += t_mark.elapsed();
+                    steps.marked();
+                }
+                Action::Notify { superseded } => {
+                    self.notify_sources(entry, superseded).await;
+                    steps.notified();
+                }
+                Action::Done(report) => break report,
+            }
+        };
+        if let Some(why) = &report.superseded {
+            tracing::warn!(batch_id, reason = %why, "batch dropped, not committed");
+        }
+        self.finish_progress(
+            &mut progress,
+            &report,
+            &at,
+            [plan_time, wa_time, t0.elapsed()],
+            since_last,
+        );
+        Ok(progress)
+    }
 
+    /// The batch's progress before it runs: its ids and what each source
+    /// reads.
+    fn start_progress(&self, entry: &OffsetsEntry, recovered: bool) -> BatchProgress {
         let mut progress = BatchProgress {
-            query_id: query_id.clone(),
+            query_id: self.ckpt.query_id().to_string(),
             run_id: self.run.run_id.clone(),
             name: self.run.name.clone(),
-            batch_id,
+            batch_id: entry.batch_id,
             timestamp_ms: entry.batch_timestamp_ms,
             sink: self.outputs[0].identity.clone(),
             recovered,
@@ -77,34 +163,101 @@ impl Driver {
                 );
             }
         }
+        progress
+    }
 
-        // A replayed batch is not executed for an output whose table holds
-        // it already (a crash between two outputs' commits, or after the
-        // last commit and before `commits/N`).
-        let n = self.outputs.len();
-        let mut versions: Vec<Option<u64>> = vec![None; n];
-        let mut already = vec![false; n];
-        if recovered {
-            for (i, o) in self.outputs.iter().enumerate() {
-                if let Some(done) = o.sink.committed_batch(&query_id).await?
-                    && done >= batch_id
-                {
-                    already[i] = true;
-                    versions[i] = o.sink.version().await?;
+    /// Each output's table version when its table holds batch `batch_id`
+    /// for the query already (a crash between two outputs' commits, or
+    /// after the last commit and before `commits/N`).
+    async fn check_outputs(&self, batch_id: u64) -> Result<Vec<Option<u64>>> {
+        let query_id = self.ckpt.query_id().to_string();
+        let mut found = Vec::with_capacity(self.outputs.len());
+        for o in &self.outputs {
+            found.push(match o.sink.committed_batch(&query_id).await? {
+                Some(done) if done >= batch_id => o.sink.version().await?,
+                _ => None,
+            });
+        }
+        Ok(found)
+    }
+
+    /// Stage every query output in `queries` (files written, not yet
+    /// visible), read the input to its end, and set apart the rows that
+    /// break a table's rules.
+    async fn stage(
+        &self,
+        entry: &OffsetsEntry,
+        queries: &[usize],
+        steps: &BatchSteps,
+        at: &mut Attempt,
+        progress: &mut BatchProgress,
+    ) -> Result<()> {
+        let batch_id = entry.batch_id;
+        let t_exec = Instant::now();
+        at.executed = true;
+        let mut scans = self.batch_scans(entry);
+        // Several queries to run: the input is read once, for all.
+        if queries.len() > 1 {
+            scans
+                .materialize(&self.tables)
+                .await
+                .map_err(|source| Error::SourceInBatch { batch_id, source })?;
+        }
+        let scans = Arc::new(scans);
+        for &i in queries {
+            let output = &self.outputs[i];
+            let OutputKind::Query(plan) = &output.kind else {
+                unreachable!("the protocol stages query outputs only")
+            };
+            let (s, state) = self
+                .execute(batch_id, entry, scans.clone(), plan, output)
+                .await?;
+            if state.is_some() {
+                progress.state = state;
+            }
+            at.staged[i] = Some(s);
+        }
+        if queries.is_empty() {
+            // No query runs in this attempt (a replay missing only its dead
+            // letters): read to find the records the sources reject.
+            scans
+                .drain(&self.tables)
+                .await
+                .map_err(|source| Error::SourceInBatch { batch_id, source })?;
+        }
+        // The input is all read once the queries ran.
+        let (lineage, rejected) = self.input_summary(entry, &scans, progress)?;
+        at.lineage = lineage;
+        at.rejected = rejected;
+        // Rows breaking a table's rules go to the query's first dead-letter
+        // table; without one they stay in their output's batch, whose
+        // commit then fails naming the rule and the row.
+        if let Some(d) = self.first_dead_letters() {
+            for s in at.staged.iter_mut().flatten() {
+                for v in s.take_violations() {
+                    progress.rule_violations += v.rows.num_rows() as u64;
+                    at.violations.extend(violation_rows(&v));
                 }
             }
+            // Committed with the dead letters by an earlier attempt.
+            if steps.holds(d) {
+                at.violations.clear();
+            }
         }
-        if already.iter().all(|a| *a) {
-            self.ckpt
-                .write_commit(&self.commit_entry(batch_id, &versions, true))
-                .await?;
-            progress.skipped = true;
-            progress.table_version = versions[0];
-            progress.outputs = self.output_progress(&versions, &already, &[]);
-            progress.durations.total_ms = ms(t0.elapsed());
-            return Ok(progress);
-        }
+        at.exec_time += t_exec.elapsed();
+        Ok(())
+    }
 
+    /// The query's first dead-letter output, which takes rule violations.
+    fn first_dead_letters(&self) -> Option<usize> {
+        self.outputs
+            .iter()
+            .position(|o| matches!(o.kind, OutputKind::DeadLetters(_)))
+    }
+
+    /// The batch's ranges as its scans read them, with the event-time
+    /// columns the aggregation's watermark tracks.
+    fn batch_scans(&self, entry: &OffsetsEntry) -> BatchScans {
         let mut scans = BatchScans::default();
         for t in &self.tables {
             if let Some(r) = entry.sources.get(t.source().name()) {
@@ -132,187 +285,113 @@ impl Driver {
                 }
             }
         }
-        let t_exec = Instant::now();
-        // Several queries to run: the input is read once, for all.
-        let queries_to_run = self
-            .outputs
-            .iter()
-            .zip(&already)
-            .filter(|(o, a)| !**a && matches!(o.kind, OutputKind::Query(_)))
-            .count();
-        if queries_to_run > 1 {
-            scans
-                .materialize(&self.tables)
-                .await
-                .map_err(|source| Error::SourceInBatch { batch_id, source })?;
-        }
-        let scans = Arc::new(scans);
-        let mut commit_time = Duration::ZERO;
-        let mut written: Vec<(u64, usize, u64)> = vec![(0, 0, 0); n];
-        let claims = self.claims(entry)?;
-        let mut superseded: Option<String> = None;
+        scans
+    }
 
-        // Stage every query output the batch lacks: its files are written,
-        // not yet visible, and the rows that break its table's rules are
-        // set apart.
-        let mut staged: Vec<Option<lakestream_sink::Staged>> = (0..n).map(|_| None).collect();
-        for (i, output) in self.outputs.iter().enumerate() {
-            if already[i] {
-                continue;
-            }
-            if let OutputKind::Query(plan) = &output.kind {
-                let (s, state) = self
-                    .execute(batch_id, entry, scans.clone(), plan, output)
-                    .await?;
-                if state.is_some() {
-                    progress.state = state;
-                }
-                staged[i] = Some(s);
-            }
-        }
-        let ran_query = staged.iter().any(Option::is_some);
-        if !ran_query {
-            // No query ran in this attempt (a replay missing only its dead
-            // letters): read to find the records the sources reject.
-            scans
-                .drain(&self.tables)
-                .await
-                .map_err(|source| Error::SourceInBatch { batch_id, source })?;
-        }
-        // The input is all read once the queries ran.
-        let (meta, mut rejected) = self.input_summary(entry, &scans, &mut progress)?;
-        // Rows breaking a table's rules go to the query's first dead-letter
-        // table; without one they stay in their output's batch, whose
-        // commit then fails naming the rule and the row.
-        let first_dead_letters = self
-            .outputs
-            .iter()
-            .position(|o| matches!(o.kind, OutputKind::DeadLetters(_)));
-        let mut violations: Vec<(String, Rejected)> = Vec::new();
-        if let Some(d) = first_dead_letters {
-            for s in staged.iter_mut().flatten() {
-                for v in s.take_violations() {
-                    progress.rule_violations += v.rows.num_rows() as u64;
-                    violations.extend(violation_rows(&v));
-                }
-            }
-            // Committed with the dead letters by an earlier attempt.
-            if already[d] {
-                violations.clear();
-            }
-        }
-        let mut exec_time = t_exec.elapsed();
-
-        // Commit the dead letters first, then the outputs: a replay after
-        // a crash between them finds the dead letters in their table and
-        // stages the outputs again, whose set-apart rows it then drops.
-        let order: Vec<usize> = (0..n)
-            .filter(|i| matches!(self.outputs[*i].kind, OutputKind::DeadLetters(_)))
-            .chain((0..n).filter(|i| matches!(self.outputs[*i].kind, OutputKind::Query(_))))
-            .collect();
-        let mut first_commit = true;
-        for i in order {
-            let output = &self.outputs[i];
-            if already[i] {
-                continue;
-            }
-            let staged = match (&output.kind, staged[i].take()) {
-                (OutputKind::Query(_), Some(s)) => s,
-                (OutputKind::Query(_), None) => unreachable!("a query output stages its rows"),
-                (OutputKind::DeadLetters(sources), _) => {
-                    let t_out = Instant::now();
-                    let mut rows: Vec<(String, Rejected)> = sources
-                        .iter()
-                        .flat_map(|s| {
-                            rejected
-                                .remove(s)
-                                .unwrap_or_default()
-                                .into_iter()
-                                .map(move |r| (s.clone(), r))
-                        })
-                        .collect();
-                    if Some(i) == first_dead_letters {
-                        rows.append(&mut violations);
-                    }
-                    if rows.is_empty() {
-                        // Nothing rejected: no commit to the dead letters.
-                        continue;
-                    }
-                    let mut w = output.sink.begin(batch_id).await?;
-                    w.write(dead_letter::rows(rows, batch_id, entry.batch_timestamp_ms))
-                        .await?;
-                    let s = w.finish().await?;
-                    exec_time += t_out.elapsed();
-                    s
-                }
-            };
-            if first_commit {
-                self.fail(FailPoint::AfterFiles, batch_id)?;
-            }
-            let t_commit = Instant::now();
-            let mut meta = meta.clone();
-            meta.insert("sqlFingerprint".into(), output.fingerprint.clone().into());
-            if !claims.is_empty() {
-                // Which range of each partition this commit holds, for
-                // `verify` to check the chain across processes.
-                let positions: serde_json::Map<String, serde_json::Value> = claims
+    /// Commit output `i`'s part of the batch: its staged rows, or (a
+    /// dead-letter output) the records its sources rejected.
+    async fn commit_output(
+        &self,
+        entry: &OffsetsEntry,
+        i: usize,
+        at: &mut Attempt,
+        progress: &mut BatchProgress,
+    ) -> Result<Committed> {
+        let batch_id = entry.batch_id;
+        let output = &self.outputs[i];
+        let staged = match (&output.kind, at.staged[i].take()) {
+            (OutputKind::Query(_), Some(s)) => s,
+            (OutputKind::Query(_), None) => unreachable!("a query output stages its rows"),
+            (OutputKind::DeadLetters(sources), _) => {
+                let t_out = Instant::now();
+                let mut rows: Vec<(String, Rejected)> = sources
                     .iter()
-                    .map(|c| (c.app_id.clone(), serde_json::json!([c.from, c.to])))
+                    .flat_map(|s| {
+                        at.rejected
+                            .remove(s)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(move |r| (s.clone(), r))
+                    })
                     .collect();
-                meta.insert("positions".into(), positions.into());
+                if Some(i) == self.first_dead_letters() {
+                    rows.append(&mut at.violations);
+                }
+                if rows.is_empty() {
+                    // Nothing rejected: no commit to the dead letters.
+                    return Ok(Committed::Nothing);
+                }
+                let mut w = output.sink.begin(batch_id).await?;
+                w.write(dead_letter::rows(rows, batch_id, entry.batch_timestamp_ms))
+                    .await?;
+                let s = w.finish().await?;
+                at.exec_time += t_out.elapsed();
+                s
             }
-            meta.insert("outputRows".into(), staged.rows.into());
-            let (rows, files, bytes) = (staged.rows, staged.files, staged.bytes);
-            let retries_before = output.sink.commit_retries();
-            let outcome = output
-                .sink
-                .commit(
-                    staged,
-                    &CommitInfo {
-                        query_id: query_id.clone(),
-                        batch_id,
-                        metadata: meta,
-                        write: match &self.stateful {
-                            Some(st) if output.stateful => st.write_mode(),
-                            _ => Default::default(),
-                        },
-                        claims: claims.clone(),
+        };
+        if !at.committed_once {
+            self.fail(FailPoint::AfterFiles, batch_id)?;
+        }
+        let t_commit = Instant::now();
+        let claims = self.claims(entry)?;
+        let mut lineage = at.lineage.clone();
+        lineage.sql_fingerprint = Some(output.fingerprint.clone());
+        // Which range of each partition this commit holds, for `verify` to
+        // check the chain across processes.
+        lineage.positions = claims
+            .iter()
+            .map(|c| (c.app_id.clone(), (c.from, c.to)))
+            .collect();
+        lineage.output_rows = Some(staged.rows);
+        let (rows, files, bytes) = (staged.rows, staged.files, staged.bytes);
+        let retries_before = output.sink.commit_retries();
+        let outcome = output
+            .sink
+            .commit(
+                staged,
+                &CommitInfo {
+                    query_id: self.ckpt.query_id().to_string(),
+                    batch_id,
+                    metadata: lineage.to_map(),
+                    write: match &self.stateful {
+                        Some(st) if output.stateful => st.write_mode(),
+                        _ => Default::default(),
                     },
-                )
-                .await?;
-            progress.commit_retries += output.sink.commit_retries().saturating_sub(retries_before);
-            commit_time += t_commit.elapsed();
-            if let CommitOutcome::Superseded {
+                    claims,
+                },
+            )
+            .await?;
+        progress.commit_retries += output.sink.commit_retries().saturating_sub(retries_before);
+        at.commit_time += t_commit.elapsed();
+        let committed = match outcome {
+            CommitOutcome::Superseded {
                 app_id,
                 expected,
                 found,
                 ..
-            } = &outcome
-            {
-                superseded = Some(format!(
+            } => Committed::Superseded {
+                reason: format!(
                     "position {app_id} was at {found} in the table, not at the batch's start \
                      {expected}: another process committed that partition first"
-                ));
-                break;
+                ),
+            },
+            CommitOutcome::AlreadyCommitted { version } => Committed::AlreadyHeld { version },
+            CommitOutcome::Committed { version } => {
+                at.written[i] = (rows, files, bytes);
+                Committed::Written { version }
             }
-            versions[i] = Some(outcome.version());
-            if matches!(outcome, CommitOutcome::AlreadyCommitted { .. }) {
-                already[i] = true;
-            } else {
-                written[i] = (rows, files, bytes);
-            }
-            // With several outputs, this is between two outputs' commits.
-            if first_commit {
-                first_commit = false;
-                self.fail(FailPoint::AfterCommit, batch_id)?;
-            }
+        };
+        // With several outputs, this is between two outputs' commits.
+        if !at.committed_once && !matches!(committed, Committed::Superseded { .. }) {
+            at.committed_once = true;
+            self.fail(FailPoint::AfterCommit, batch_id)?;
         }
-        let skipped = already.iter().all(|a| *a);
-        let t_mark = Instant::now();
-        let mut mark = self.commit_entry(batch_id, &versions, skipped);
-        mark.superseded = superseded.clone();
-        self.ckpt.write_commit(&mark).await?;
-        commit_time += t_mark.elapsed();
+        Ok(committed)
+    }
+
+    /// Tell each source its range of the batch is committed, or (when
+    /// another process committed its positions first) that it is not.
+    async fn notify_sources(&self, entry: &OffsetsEntry, superseded: bool) {
         for t in &self.tables {
             let Some(r) = entry.sources.get(t.source().name()) else {
                 continue;
@@ -320,32 +399,47 @@ impl Driver {
             if r.end.is_null() {
                 continue;
             }
-            if superseded.is_some() {
+            if superseded {
                 t.source().superseded(&r.end).await;
             } else if let Err(e) = t.source().committed(&r.end).await {
                 tracing::warn!(source = t.source().name(), error = %e, "source commit hook failed");
             }
         }
-        if let Some(why) = &superseded {
-            tracing::warn!(batch_id, reason = %why, "batch dropped, not committed");
-            progress.superseded = superseded.clone();
-        }
+    }
 
-        let total = plan_time + wa_time + t0.elapsed();
-        progress.skipped = skipped;
-        for (rows, files, bytes) in &written {
+    /// Fill in what the batch did, once it is over.
+    fn finish_progress(
+        &self,
+        progress: &mut BatchProgress,
+        report: &BatchReport,
+        at: &Attempt,
+        [plan_time, wa_time, run_time]: [Duration; 3],
+        since_last: Option<Duration>,
+    ) {
+        progress.skipped = report.skipped;
+        progress.superseded = report.superseded.clone();
+        for (rows, files, bytes) in &at.written {
             progress.output_rows += rows;
             progress.output_files += files;
             progress.output_bytes += bytes;
         }
-        progress.table_version = versions[0];
-        progress.outputs = self.output_progress(&versions, &already, &written);
-        progress.durations = Durations {
-            plan_ms: ms(plan_time),
-            write_ahead_ms: ms(wa_time),
-            execute_ms: ms(exec_time),
-            commit_ms: ms(commit_time),
-            total_ms: ms(total),
+        progress.table_version = report.versions[0];
+        progress.outputs = self.output_progress(&report.versions, &report.held, &at.written);
+        let total = plan_time + wa_time + run_time;
+        progress.durations = if !at.executed {
+            // Every output held the batch: only the check and the mark ran.
+            Durations {
+                total_ms: ms(run_time),
+                ..Default::default()
+            }
+        } else {
+            Durations {
+                plan_ms: ms(plan_time),
+                write_ahead_ms: ms(wa_time),
+                execute_ms: ms(at.exec_time),
+                commit_ms: ms(at.commit_time),
+                total_ms: ms(total),
+            }
         };
         progress.rows_per_second = if total.as_secs_f64() > 0.0 {
             progress.input_rows as f64 / total.as_secs_f64()
@@ -356,7 +450,6 @@ impl Driver {
             Some(d) if d.as_secs_f64() > 0.0 => progress.input_rows as f64 / d.as_secs_f64(),
             _ => 0.0,
         };
-        Ok(progress)
     }
 
     /// The positions batch `entry` moves in the output table, for sources
@@ -435,7 +528,7 @@ impl Driver {
         entry: &OffsetsEntry,
         scans: &BatchScans,
         progress: &mut BatchProgress,
-    ) -> Result<(CommitMeta, Rejections)> {
+    ) -> Result<(CommitLineage, Rejections)> {
         let batch_id = entry.batch_id;
         let mut skipped_input = BTreeMap::new();
         let mut rejected = BTreeMap::new();
@@ -474,74 +567,52 @@ impl Driver {
             .iter()
             .filter_map(|t| scans.event_time_max_ms(t.source().name()))
             .max();
-        let mut meta = serde_json::Map::new();
-        meta.insert(
-            "sources".into(),
-            serde_json::to_value(
-                progress
-                    .sources
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.description.clone()))
-                    .collect::<BTreeMap<_, _>>(),
-            )
-            .expect("serializable"),
-        );
-        if !skipped_input.is_empty() {
-            // An audit of the table's history sees what this batch left out.
-            meta.insert(
-                "skipped".into(),
-                serde_json::to_value(&skipped_input).expect("serializable"),
-            );
-        }
-        meta.insert(
-            "engine".into(),
-            serde_json::json!(concat!("lakestream ", env!("CARGO_PKG_VERSION"))),
-        );
-        // Lineage: the exact ranges read, as `offsets/N` holds them.
-        let ranges: serde_json::Map<String, serde_json::Value> = entry
-            .sources
-            .iter()
-            .map(|(name, r)| {
-                let start = r
-                    .start
-                    .as_ref()
-                    .map(|v| lineage::recorded_offset(v, batch_id))
-                    .unwrap_or(serde_json::Value::Null);
-                let source = progress
-                    .sources
-                    .get(name)
-                    .map(|p| p.identity.clone())
-                    .unwrap_or_default();
-                (
-                    name.clone(),
-                    serde_json::json!({
-                        "source": source,
-                        "start": start,
-                        "end": lineage::recorded_offset(&r.end, batch_id),
-                    }),
-                )
-            })
-            .collect();
-        meta.insert("ranges".into(), ranges.into());
-        meta.insert("inputRows".into(), progress.input_rows.into());
-        if !rejected.is_empty() {
-            let counts: serde_json::Map<String, serde_json::Value> = rejected
+        let mut lineage = CommitLineage {
+            lineage_version: lineage::LINEAGE_VERSION,
+            query_id: self.ckpt.query_id().to_string(),
+            batch_id,
+            engine: Some(concat!("lakestream ", env!("CARGO_PKG_VERSION")).into()),
+            sources: progress
+                .sources
                 .iter()
-                .map(|(k, v)| (k.clone(), (v.len() as u64).into()))
-                .collect();
-            meta.insert("deadLetters".into(), counts.into());
+                .map(|(k, v)| (k.clone(), v.description.clone()))
+                .collect(),
+            input_rows: Some(progress.input_rows),
+            watermark_ms: entry.watermark_ms,
+            dead_letters: rejected
+                .iter()
+                .map(|(k, v)| (k.clone(), v.len() as u64))
+                .collect(),
+            ..Default::default()
+        };
+        // An audit of the table's history sees what this batch left out.
+        for (name, skipped) in skipped_input {
+            lineage
+                .skipped
+                .insert(name, serde_json::to_value(&skipped).expect("serializable"));
         }
-        if let Some(w) = entry.watermark_ms {
-            meta.insert("watermarkMs".into(), w.into());
-        }
-        if !entry.tables.is_empty() {
-            // Lineage: which version of each static table was joined.
-            meta.insert(
-                "staticTables".into(),
-                serde_json::to_value(&entry.tables).expect("serializable"),
+        // The exact ranges read, as `offsets/N` holds them.
+        for (name, r) in &entry.sources {
+            lineage.ranges.insert(
+                name.clone(),
+                RangeRecord {
+                    source: progress
+                        .sources
+                        .get(name)
+                        .map(|p| p.identity.clone())
+                        .unwrap_or_default(),
+                    start: r
+                        .start
+                        .as_ref()
+                        .map(|v| lineage::recorded_offset(v, batch_id))
+                        .unwrap_or(serde_json::Value::Null),
+                    end: lineage::recorded_offset(&r.end, batch_id),
+                },
             );
         }
-        Ok((meta, rejected))
+        // Which version of each static table was joined.
+        lineage.static_tables = entry.tables.clone();
+        Ok((lineage, rejected))
     }
 
     /// Run `output`'s query `plan` over the batch and stage what it
@@ -644,9 +715,6 @@ fn violation_rows(v: &lakestream_sink::Violation) -> Vec<(String, Rejected)> {
         })
         .collect()
 }
-
-/// What every output's commit of a batch records (`commitInfo.lakestream`).
-type CommitMeta = serde_json::Map<String, serde_json::Value>;
 
 /// The records each source (by name) could not decode in a batch.
 type Rejections = BTreeMap<String, Vec<Rejected>>;

@@ -44,11 +44,13 @@ impl Driver {
                 }
             }
         }
-        let first_needed = if snapshots.len() == self.tables.len() {
-            snapshots.values().map(|(id, _)| id + 1).min().unwrap_or(0)
-        } else {
-            0
-        };
+        let first_needed = lakestream_protocol::recovery::first_needed(
+            &self
+                .tables
+                .iter()
+                .map(|t| snapshots.get(t.source().name()).map(|(id, _)| *id))
+                .collect::<Vec<_>>(),
+        );
         // Write-ahead files before the oldest kept one were purged because
         // snapshots covered them: without a readable snapshot, a source
         // would take their input again.
@@ -111,11 +113,14 @@ impl Driver {
                 .await?;
         }
         let mut prev: BTreeMap<String, Option<serde_json::Value>> = BTreeMap::new();
-        let mut next_id = 0;
-        let mut pending = None;
         let watermark_ms = last.as_ref().and_then(|e| e.watermark_ms);
+        let marked = match &last {
+            Some(_) => self.ckpt.latest_commit().await?.map(|c| c.batch_id),
+            None => None,
+        };
+        let resume = lakestream_protocol::resume(last.as_ref().map(|e| e.batch_id), marked);
+        let mut pending = None;
         if let Some(entry) = last {
-            let committed = self.ckpt.latest_commit().await?.map(|c| c.batch_id);
             for (name, r) in &entry.sources {
                 prev.insert(
                     name.clone(),
@@ -126,14 +131,13 @@ impl Driver {
                     },
                 );
             }
-            next_id = entry.batch_id + 1;
-            if committed.is_none_or(|c| c < entry.batch_id) {
+            if resume.pending == Some(entry.batch_id) {
                 pending = Some(entry);
             }
         }
         Ok(Recovered {
             prev,
-            next_id,
+            next_id: resume.next_id,
             pending,
             watermark_ms,
         })

@@ -40,14 +40,16 @@ impl Driver {
     /// keeps (a restart that finds the newest snapshot corrupt falls back
     /// to that one and reads the batches after it).
     async fn purge(&self, batch_id: u64) -> Result<()> {
-        let mut keep_from = (batch_id + 1).saturating_sub(self.min_batches_to_retain);
+        let mut oldest = Vec::with_capacity(self.tables.len());
         for t in &self.tables {
             let ids = self.ckpt.source_snapshot_ids(t.source().name()).await?;
-            match ids.first() {
-                Some(oldest) => keep_from = keep_from.min(oldest + 1),
-                None => return Ok(()),
-            }
+            oldest.push(ids.first().copied());
         }
+        let Some(keep_from) =
+            lakestream_protocol::keep_from(batch_id, self.min_batches_to_retain, &oldest)
+        else {
+            return Ok(());
+        };
         let mut removed = self.ckpt.purge_before(keep_from).await?;
         if let Some(st) = &self.stateful {
             removed += st.purge_before(keep_from).await?;

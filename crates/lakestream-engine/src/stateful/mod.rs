@@ -570,7 +570,7 @@ impl StatefulAggregate {
             ))
         })?;
         let mut store = self.store.lock().await;
-        let prev = batch_id.checked_sub(1);
+        let prev = lakestream_protocol::state_base(batch_id);
         if !store.is_at(prev) {
             store.load(prev).await?;
         }
