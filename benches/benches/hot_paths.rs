@@ -3,7 +3,7 @@
 //! Parquet, and one Delta commit on a table with a long history.
 //!
 //! `cargo bench -p lakestream-benches --bench hot_paths`. End-to-end figures are
-//! `lakestream bench` (docs/benchmarks.md).
+//! `lakestream-bench` (docs/benchmarks.md).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -3,6 +3,8 @@
 //! micro-benchmarks of the hot pieces of a batch (file decoding, the
 //! per-batch query, Parquet encoding, a Delta commit on a long history).
 //! The end-to-end figures (backfill against the raw decode-and-encode
-//! limit, per-batch overhead, restart cost, Kafka) come from the shipped
-//! binary's `lakestream bench` verb, so users can measure their own
-//! machines; see docs/benchmarks.md.
+//! limit, per-batch overhead, restart cost, state, start-up, Kafka) come
+//! from this crate's `lakestream-bench` binary (`src/main.rs`), which
+//! drives the `lakestream` binary built beside it, so users can measure
+//! their own machines while the shipped binary carries no benchmark code;
+//! see docs/benchmarks.md.

@@ -17,7 +17,6 @@ macro_rules! outln {
 }
 
 mod audit;
-mod bench;
 mod chaos;
 mod progress_bar;
 mod query;
@@ -186,97 +185,6 @@ enum Command {
         strict: bool,
         #[command(flatten)]
         storage: StorageArgs,
-    },
-    /// Measure end-to-end throughput, per-batch overhead and commit time
-    /// against the raw cost of decoding and encoding, on generated data.
-    #[command(
-        after_help = "Prints one `name: value unit` line per figure. Examples:\n  \
-        lakestream bench                      # full size: 5M events in 50 files (about 1 GB of disk)\n  \
-        lakestream bench --smoke              # every figure on tiny inputs, in seconds\n  \
-        lakestream bench --kafka-bootstrap 127.0.0.1:9092   # also Kafka -> Delta\n  \
-        lakestream bench --only latency,startup --kafka-bootstrap 127.0.0.1:9092\n  \
-        lakestream bench --only kafka,latency --kafka-mock   # librdkafka's mock broker, in process\n\n\
-        Build with --profile dist for figures that mean anything; see docs/benchmarks.md."
-    )]
-    Bench {
-        /// Working directory (cleared first).
-        #[arg(long, default_value = "target/bench")]
-        dir: PathBuf,
-        /// Events in the backfill.
-        #[arg(long, default_value_t = 5_000_000)]
-        rows: u64,
-        /// Files the backfill events are spread over.
-        #[arg(long, default_value_t = 50)]
-        files: u64,
-        /// Tiny one-file batches for the overhead figure.
-        #[arg(long, default_value_t = 300)]
-        tiny_batches: u64,
-        /// Commits in the long-history workload.
-        #[arg(long, default_value_t = 5_000)]
-        history: u64,
-        /// Open groups in the large state-cost workload (the small one
-        /// holds 1% of them).
-        #[arg(long, default_value_t = 1_000_000)]
-        state_groups: u64,
-        /// A Kafka broker for the Kafka workload (a topic is created).
-        #[arg(long)]
-        kafka_bootstrap: Option<String>,
-        /// Run the Kafka workloads against librdkafka's mock broker, which
-        /// the bench starts in its own process on 127.0.0.1 (the query
-        /// reaches it over TCP), instead of a broker at --kafka-bootstrap.
-        /// Its watermarks are exact however records are batched, so
-        /// producers batch and rates like 20,000 msg/s can be measured.
-        #[arg(long, conflicts_with = "kafka_bootstrap")]
-        kafka_mock: bool,
-        /// Messages in the Kafka workload.
-        #[arg(long, default_value_t = 2_000_000)]
-        kafka_messages: u64,
-        /// An object-store prefix (e.g. `s3://bucket/bench`) where the
-        /// several-writers workload also puts its tables and the start-up
-        /// workload a table and checkpoint, besides the local ones;
-        /// credentials and endpoint from the environment (`AWS_*`).
-        #[arg(long, alias = "writers-table-prefix")]
-        object_store_prefix: Option<String>,
-        /// Produce rates (messages a second) of the Kafka latency workload.
-        #[arg(long, value_delimiter = ',', default_values_t = [100u64, 1_000, 20_000])]
-        latency_rates: Vec<u64>,
-        /// Seconds the latency workload produces at each rate.
-        #[arg(long, default_value_t = 5.0)]
-        latency_seconds: f64,
-        /// A Python interpreter with `pyspark` (and a Java runtime on the
-        /// path): the backfill workload then also runs the same backfill and
-        /// windowed queries in Spark Structured Streaming (local[2]) on the
-        /// same input, and prints the ratios.
-        #[arg(long, value_name = "PYTHON")]
-        spark_python: Option<PathBuf>,
-        /// Run only these workloads (comma-separated): backfill, decode,
-        /// avro, state, update, tiny, writers, history, startup, kafka,
-        /// latency.
-        #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(bench::WORKLOADS))]
-        only: Vec<String>,
-        /// Rounds of the backfill and its raw floor, run alternately (the
-        /// order swaps every round); the figures are the medians and the
-        /// ratio is the floor's median over the backfill's. One round's
-        /// ratio moves by ±10% on a shared machine. 5 by default, 1 with
-        /// --smoke.
-        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=50))]
-        repeat: Option<u64>,
-        /// Tiny sizes: every figure in seconds (a smoke test, not a measure).
-        #[arg(long)]
-        smoke: bool,
-    },
-    /// The bench's raw floor in a process of its own (run by `bench`, so
-    /// that the floor, like the backfill it is compared with, pays a
-    /// process's start and a fresh heap).
-    #[command(hide = true)]
-    BenchFloor {
-        /// The JSON-lines events.
-        input: PathBuf,
-        /// Where the Parquet files go.
-        out: PathBuf,
-        /// One file per input file instead of one per day per thread.
-        #[arg(long)]
-        flat: bool,
     },
     /// Maintain a Delta table: compact, vacuum, checkpoint, history, lineage.
     #[command(after_help = "Examples:\n  \
@@ -648,58 +556,6 @@ fn main() -> ExitCode {
                 tables,
                 storage,
             } => report(query::query(&sql, &format, &tables, &storage.options()).await),
-            Command::BenchFloor { input, out, flat } => report(
-                tokio::task::spawn_blocking(move || bench::floor_process(&input, &out, !flat))
-                    .await
-                    .unwrap_or_else(|e| Err(anyhow::anyhow!("bench floor panicked: {e}"))),
-            ),
-            Command::Bench {
-                dir,
-                rows,
-                files,
-                tiny_batches,
-                history,
-                state_groups,
-                kafka_bootstrap,
-                kafka_mock,
-                kafka_messages,
-                object_store_prefix,
-                latency_rates,
-                latency_seconds,
-                spark_python,
-                only,
-                repeat,
-                smoke,
-            } => {
-                let cfg = bench::BenchConfig {
-                    object_store_prefix,
-                    latency_rates,
-                    latency_seconds,
-                    spark_python,
-                    only,
-                    smoke: false,
-                    dir,
-                    rows,
-                    files,
-                    tiny_batches,
-                    history,
-                    state_groups,
-                    kafka_bootstrap,
-                    kafka_mock,
-                    kafka_messages,
-                    repeat: 5,
-                };
-                let mut cfg = if smoke { cfg.smoke() } else { cfg };
-                if let Some(r) = repeat {
-                    cfg.repeat = r as usize;
-                }
-                // The bench drives child processes and blocking clients.
-                report(
-                    tokio::task::spawn_blocking(move || bench::bench(cfg))
-                        .await
-                        .unwrap_or_else(|e| Err(anyhow::anyhow!("bench panicked: {e}"))),
-                )
-            }
         }
     })
 }
@@ -869,9 +725,6 @@ async fn run(
         std::process::exit(EXIT_ABORTED);
     });
     let result = handle.await_termination().await;
-    if std::env::var_os("LAKESTREAM_REPORT_RESOURCES").is_some() {
-        bench::report_resources();
-    }
     let _ = printer.await;
     match result {
         Ok(summary) => {

@@ -15,9 +15,15 @@
 //! [`sink::sink_idempotence`] checks what the engine relies on from every
 //! sink (a batch id commits at most once per query, whoever writes it).
 //!
+//! [`broker::Broker`] starts a real Kafka-protocol broker process (tansu)
+//! on 127.0.0.1, plain, with SASL or behind TLS, for the tests and the
+//! benchmark's smoke test; [`python`] is the Python environment the test
+//! script sets up (the broker's wheel, the `deltalake` reader).
+//!
 //! [`slt`] runs SQL logic test files of whole jobs (`tests/slt/*.slt`):
 //! declare a job, feed its sources, run a batch, check the table.
 
+pub mod broker;
 pub mod sink;
 pub mod slt;
 
@@ -168,4 +174,62 @@ pub async fn source_conformance(
         None,
         "{name}: an empty input plans a batch"
     );
+}
+
+/// The repository's root directory.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The Python with `deltalake`, `pyarrow` and the tansu broker's wheel:
+/// `LAKESTREAM_PYTHON`, or the `.venv` that `scripts/test.sh` sets up.
+pub fn python() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("LAKESTREAM_PYTHON") {
+        return std::path::PathBuf::from(p);
+    }
+    let p = repo_root().join(".venv/bin/python");
+    assert!(
+        p.exists(),
+        "no Python reader: run ./scripts/test.sh, or set LAKESTREAM_PYTHON to a Python \
+         with deltalake and pyarrow installed"
+    );
+    p
+}
+
+/// Run `tests/py/<script>` with `args`, `lines` as JSON lines on its
+/// stdin; asserts it succeeds and returns its stdout.
+pub fn run_py_lines(
+    script: &str,
+    args: &[&std::ffi::OsStr],
+    lines: &[serde_json::Value],
+) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(python())
+        .arg(repo_root().join("tests/py").join(script))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python");
+    let mut input = String::new();
+    for line in lines {
+        input.push_str(&line.to_string());
+        input.push('\n');
+    }
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "{script}: exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
 }

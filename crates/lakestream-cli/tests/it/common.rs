@@ -1,7 +1,7 @@
 //! Helpers: the real binary, event files, and two independent table readers.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// The `lakestream` binary cargo built for these tests.
@@ -35,24 +35,8 @@ pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// The workspace root.
-pub(crate) fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The Python with `deltalake` and `pyarrow` (set up by scripts/test.sh).
-pub(crate) fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("LAKESTREAM_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let p = root().join(".venv/bin/python");
-    assert!(
-        p.exists(),
-        "no Python reader: run ./scripts/test.sh, or set LAKESTREAM_PYTHON to a Python \
-         with deltalake and pyarrow installed"
-    );
-    p
-}
+pub(crate) use lakestream_testkit::repo_root as root;
+pub(crate) use lakestream_testkit::{python, run_py_lines};
 
 /// The output of `tests/py/read_delta.py TABLE ARGS`, checked to succeed.
 fn read_delta_py(table: &(impl AsRef<std::ffi::OsStr> + ?Sized), args: &[&str]) -> Vec<u8> {
@@ -634,36 +618,4 @@ pub(crate) fn spawn_py_server(
         .parse()
         .unwrap_or_else(|_| panic!("{script} printed no port: {line:?}"));
     (child, port)
-}
-
-/// Run `tests/py/<script>` with `args`, `lines` as JSON lines on its
-/// stdin; asserts it succeeds and returns its stdout.
-pub(crate) fn run_py_lines(
-    script: &str,
-    args: &[&std::ffi::OsStr],
-    lines: &[serde_json::Value],
-) -> String {
-    use std::io::Write;
-    let mut child = Command::new(python())
-        .arg(root().join("tests/py").join(script))
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run python");
-    let mut input = String::new();
-    for line in lines {
-        input.push_str(&line.to_string());
-        input.push('\n');
-    }
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert!(o.status.success(), "{script}: {}", text(&o));
-    String::from_utf8(o.stdout).unwrap()
 }

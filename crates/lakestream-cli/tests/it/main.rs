@@ -4,8 +4,6 @@
 mod audit;
 mod avro_files;
 mod backfill;
-mod bench_smoke;
-mod broker;
 mod common;
 mod crash;
 mod dead_letters;
@@ -25,3 +23,5 @@ mod s3;
 mod shards;
 mod signals;
 mod static_tables;
+
+use lakestream_testkit::broker;

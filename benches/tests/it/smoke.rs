@@ -1,8 +1,9 @@
-//! `lakestream bench --smoke`: every workload runs and prints its figures.
-//! No timing is asserted here; figures live in docs/benchmarks.md.
+//! `lakestream-bench --smoke`: every workload runs and prints its figures.
 
-use crate::broker::Broker;
-use crate::common::*;
+use lakestream_testkit::broker::Broker;
+use lakestream_testkit::python;
+
+use crate::{run_in, text};
 
 #[test]
 fn the_benchmark_prints_every_figure() {
@@ -11,7 +12,6 @@ fn the_benchmark_prints_every_figure() {
     let o = run_in(
         tmp.path(),
         &[
-            "bench",
             "--smoke",
             "--dir",
             "b",
@@ -138,14 +138,14 @@ fn the_benchmark_prints_every_figure() {
     // --only runs the workloads it names and nothing else.
     let o = run_in(
         tmp.path(),
-        &["bench", "--smoke", "--dir", "only", "--only", "startup"],
+        &["--smoke", "--dir", "only", "--only", "startup"],
     );
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8(o.stdout.clone()).unwrap();
     assert!(out.contains("startup.files: "), "{out}");
     assert!(!out.contains("backfill."), "{out}");
     assert!(!out.contains("startup.kafka"), "{out}");
-    let o = run_in(tmp.path(), &["bench", "--only", "backfil"]);
+    let o = run_in(tmp.path(), &["--only", "backfil"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
 
@@ -158,7 +158,6 @@ fn a_spark_comparison_without_pyspark_says_what_it_needs() {
     let o = run_in(
         tmp.path(),
         &[
-            "bench",
             "--smoke",
             "--dir",
             "b",
@@ -187,7 +186,7 @@ fn the_backfill_ratio_is_taken_over_alternated_rounds() {
     let o = run_in(
         tmp.path(),
         &[
-            "bench", "--smoke", "--dir", "b", "--only", "backfill", "--repeat", "3",
+            "--smoke", "--dir", "b", "--only", "backfill", "--repeat", "3",
         ],
     );
     assert!(o.status.success(), "{}", text(&o));

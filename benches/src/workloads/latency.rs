@@ -228,7 +228,7 @@ fn one_rate(
     // The query, started as a user starts it: the default trigger. Its
     // log and progress lines are kept beside the job (set LAKESTREAM_LOG
     // for more) and named when the query falls behind.
-    let exe = std::env::current_exe()?;
+    let exe = super::lakestream();
     let log_path = dir.join(format!("{topic}.log"));
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("create the query's log {}", log_path.display()))?;
@@ -419,7 +419,7 @@ fn one_rate(
         bail!("record {missing} is not in the table");
     }
     // What compaction makes of the many small files of tiny batches.
-    let out = Command::new(std::env::current_exe()?)
+    let out = Command::new(super::lakestream())
         .current_dir(dir)
         .args(["table", "optimize", "--json", &location])
         .output()?;

@@ -1,5 +1,5 @@
 //! The backfill and windowed queries in Spark Structured Streaming, in the
-//! same run as lakestream's (`lakestream bench --spark-python PYTHON`):
+//! same run as lakestream's (`lakestream-bench --spark-python PYTHON`):
 //! the ratios the project's speed claims rest on, measured on this machine
 //! and this input rather than quoted from another day.
 //!

