@@ -43,6 +43,7 @@ pub use stateful::{EventTime, OutputMode, StateProgress};
 pub use static_delta::StaticDeltaTable;
 
 pub use lakestream_checkpoint as checkpoint;
+pub use lakestream_protocol as protocol;
 pub use lakestream_sink as sink;
 pub use lakestream_source as source;
 pub use lakestream_state as state;

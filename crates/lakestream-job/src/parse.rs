@@ -271,65 +271,47 @@ fn pos_in_message(msg: &str) -> Option<Pos> {
     Some(Pos { line, column })
 }
 
-/// Start positions of the non-empty statements in `text`, skipping
-/// whitespace and comments, honouring quotes.
+/// Start positions of the non-empty statements in `text`: the first token
+/// after the start and after each `;`, by the SQL tokenizer the parser uses
+/// (so comments, quotes and dollar-quoted strings are skipped as it skips
+/// them). Empty when the text does not tokenize (then it did not parse
+/// either).
 fn statement_starts(text: &str) -> Vec<Pos> {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    let Ok(tokens) = Tokenizer::new(&GenericDialect {}, text).tokenize_with_location() else {
+        return Vec::new();
+    };
     let mut starts = Vec::new();
-    let (mut line, mut col) = (1u64, 1u64);
-    let mut pending = true; // looking for the start of a statement
-    let mut chars = text.chars().peekable();
-    let mut quote: Option<char> = None;
-    while let Some(c) = chars.next() {
-        let here = Pos { line, column: col };
-        let advance = |c: char, line: &mut u64, col: &mut u64| {
-            if c == '\n' {
-                *line += 1;
-                *col = 1;
-            } else {
-                *col += 1;
+    let mut pending = true;
+    for t in tokens {
+        match t.token {
+            Token::Whitespace(_) | Token::EOF => {}
+            Token::SemiColon => pending = true,
+            _ if pending => {
+                starts.push(Pos {
+                    line: t.span.start.line,
+                    column: t.span.start.column,
+                });
+                pending = false;
             }
-        };
-        advance(c, &mut line, &mut col);
-        if let Some(q) = quote {
-            if c == q {
-                quote = None;
-            }
-            continue;
-        }
-        if c == '-' && chars.peek() == Some(&'-') {
-            for c in chars.by_ref() {
-                advance(c, &mut line, &mut col);
-                if c == '\n' {
-                    break;
-                }
-            }
-            continue;
-        }
-        if c == '/' && chars.peek() == Some(&'*') {
-            let mut prev = ' ';
-            for c in chars.by_ref() {
-                advance(c, &mut line, &mut col);
-                if prev == '*' && c == '/' {
-                    break;
-                }
-                prev = c;
-            }
-            continue;
-        }
-        if c == ';' {
-            pending = true;
-            continue;
-        }
-        if c.is_whitespace() {
-            continue;
-        }
-        if pending {
-            starts.push(here);
-            pending = false;
-        }
-        if c == '\'' || c == '"' {
-            quote = Some(c);
+            _ => {}
         }
     }
     starts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_start_after_comments_and_semicolons_outside_quotes() {
+        let text = "-- a job\n/* block; with a semicolon */ SET a = 1;\n\
+                    CREATE EXTERNAL TABLE t STORED AS JSON LOCATION 'a;b' ;\n  \
+                    INSERT INTO o SELECT \"x;y\" FROM t; ;\n";
+        let at = |line, column| Pos { line, column };
+        assert_eq!(statement_starts(text), vec![at(2, 31), at(3, 1), at(4, 3)]);
+        assert!(statement_starts("  -- only a comment\n").is_empty());
+    }
 }
