@@ -1,7 +1,7 @@
 //! The status page and `/metrics`: `lakestream ui`, and `run --metrics-addr`.
 //!
-//! A small HTTP/1.1 server (GET only, one request per connection, bounded
-//! request size and time) on the address given, serving:
+//! hyper's HTTP/1.1 server (GET and HEAD only, bounded header size and
+//! time per connection) on the address given, serving:
 //! - `/`: the status page (`ui/index.html`, assets embedded in the binary:
 //!   nothing is fetched from elsewhere), with the checkpoint's status and
 //!   batch history in the page, redrawn from `/api/status` every few
@@ -15,14 +15,19 @@
 //! running query and for one that has stopped.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use lakestream_engine::BatchProgress;
 use lakestream_engine::metrics::Metrics;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// The page, with `/*DATA*/null` replaced by the status JSON.
 const PAGE: &str = include_str!("ui/index.html");
@@ -75,58 +80,70 @@ pub(crate) async fn start(addr: &str, site: Site) -> anyhow::Result<std::net::So
             };
             let site = site.clone();
             tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(30), handle(conn, &site)).await;
+                let service = hyper::service::service_fn(move |req| {
+                    let site = site.clone();
+                    async move { Ok::<_, Infallible>(route(&site, req).await) }
+                });
+                let serve = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    // A client that sends its request slowly is dropped,
+                    // and a header block beyond 16 KiB answered 431.
+                    .header_read_timeout(Duration::from_secs(10))
+                    .max_buf_size(16 * 1024)
+                    .serve_connection(TokioIo::new(conn), service);
+                let _ = tokio::time::timeout(Duration::from_secs(30), serve).await;
             });
         }
     });
     Ok(local)
 }
 
-async fn handle(mut conn: TcpStream, site: &Site) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        if buf.len() > 16 * 1024 {
-            return respond(&mut conn, 431, "text/plain", b"request too large\n").await;
-        }
-        let n = conn.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
+/// The response to `req`.
+async fn route(site: &Site, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "only GET and HEAD\n",
+        );
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
     }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.lines().next().unwrap_or_default().split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or("/"));
-    if method != "GET" && method != "HEAD" {
-        return respond(&mut conn, 405, "text/plain", b"only GET\n").await;
-    }
-    let path = target.split('?').next().unwrap_or("/");
-    match path {
+    match req.uri().path() {
         "/metrics" => match &site.metrics {
-            Some(m) => respond(&mut conn, 200, Metrics::CONTENT_TYPE, m.encode().as_bytes()).await,
-            None => {
-                respond(
-                    &mut conn,
-                    404,
-                    "text/plain",
-                    b"no metrics here: they are served by `lakestream run --metrics-addr` while the query runs\n",
-                )
-                .await
-            }
+            Some(m) => respond(StatusCode::OK, Metrics::CONTENT_TYPE, m.encode()),
+            None => respond(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "no metrics here: they are served by `lakestream run --metrics-addr` while the query runs\n",
+            ),
         },
-        "/api/status" => {
-            let body = status_json(site).await;
-            respond(&mut conn, 200, "application/json", body.to_string().as_bytes()).await
-        }
+        "/api/status" => respond(
+            StatusCode::OK,
+            "application/json",
+            status_json(site).await.to_string(),
+        ),
         "/" | "/index.html" => {
             let data = status_json(site).await.to_string().replace("</", "<\\/");
             let page = PAGE.replace("/*DATA*/null", &data);
-            respond(&mut conn, 200, "text/html; charset=utf-8", page.as_bytes()).await
+            respond(StatusCode::OK, "text/html; charset=utf-8", page)
         }
-        "/favicon.ico" => respond(&mut conn, 204, "text/plain", b"").await,
-        _ => respond(&mut conn, 404, "text/plain", b"not found\n").await,
+        "/favicon.ico" => respond(StatusCode::NO_CONTENT, "text/plain", ""),
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     }
+}
+
+/// A response of `body`, never cached.
+fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = code;
+    let h = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        h.insert(CONTENT_TYPE, v);
+    }
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
 }
 
 /// The checkpoint's status with its batch history, or `{"error": ..}`.
@@ -169,27 +186,4 @@ async fn history(site: &Site) -> anyhow::Result<Vec<BatchProgress>> {
         }
     }
     Ok(cache.values().cloned().collect())
-}
-
-async fn respond(
-    conn: &mut TcpStream,
-    code: u16,
-    content_type: &str,
-    body: &[u8],
-) -> std::io::Result<()> {
-    let reason = match code {
-        200 => "OK",
-        204 => "No Content",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Request Header Fields Too Large",
-    };
-    let head = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         Cache-Control: no-store\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await?;
-    conn.write_all(body).await?;
-    conn.shutdown().await
 }

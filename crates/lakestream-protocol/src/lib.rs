@@ -35,6 +35,27 @@ pub use lineage::{CommitLineage, LINEAGE_VERSION, RangeRecord};
 pub use recovery::{Resume, first_needed, resume};
 pub use retention::keep_from;
 
+/// One position a batch moves forward in an output table, for sources
+/// whose positions live there (Kafka group mode): `app_id` goes from
+/// `from` to `to` in the batch's commit.
+///
+/// A commit carrying claims is a compare-and-set on them: it lands only if
+/// each `app_id` is still at `from` (or was never written) in the version
+/// it lands on; otherwise nothing is written and the batch is superseded
+/// ([`Committed::Superseded`]). Successive commits of an app id thus form
+/// one chain of ranges, with no gap and no overlap, whichever processes
+/// wrote them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionClaim {
+    /// The transaction app id (`<group>/<topic>/<partition>` for Kafka).
+    pub app_id: String,
+    /// The position the range starts at: the table must hold this value
+    /// (or none) for the commit to land.
+    pub from: i64,
+    /// The position after the range, recorded by the commit.
+    pub to: i64,
+}
+
 /// The batch whose state batch `batch_id` starts from: the one before it,
 /// or none for the first batch. A replay of batch `N` must see exactly the
 /// state batch `N` saw the first time, whatever later attempts wrote.

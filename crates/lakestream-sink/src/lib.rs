@@ -254,26 +254,7 @@ pub struct CommitInfo {
     pub claims: Vec<PositionClaim>,
 }
 
-/// One source position a commit moves forward, kept in the table as a
-/// transaction (`txn(app_id, version)`), so that whichever process commits
-/// next for that part of the source starts where this commit ended.
-///
-/// A commit carrying claims is a compare-and-set on them: it lands only if
-/// each `app_id` is still at `from` (or was never written) in the version
-/// it lands on; otherwise nothing is written and the sink returns
-/// [`CommitOutcome::Superseded`]. Successive commits of an app id thus
-/// form one chain of ranges, with no gap and no overlap, whichever
-/// processes wrote them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PositionClaim {
-    /// The transaction app id (`<group>/<topic>/<partition>` for Kafka).
-    pub app_id: String,
-    /// The position the range starts at: the table must hold this value
-    /// (or none) for the commit to land.
-    pub from: i64,
-    /// The position after the range, recorded by the commit.
-    pub to: i64,
-}
+pub use lakestream_protocol::PositionClaim;
 
 /// What the writers of a batch produced, not yet visible: counts the
 /// engine reports, and each writer's sink-specific part (the Delta sink's

@@ -244,18 +244,25 @@ impl Error {
     }
 }
 
-/// One position a batch moves forward in the output table, for sources
-/// whose positions live there ([`Source::keeps_positions_in_table`]):
-/// `app_id` goes from `from` to `to` in the batch's commit, which lands
-/// only if the table still holds `from` (or nothing) for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PositionClaim {
-    /// The table transaction's app id (`<group>/<topic>/<partition>`).
-    pub app_id: String,
-    /// Where the batch's range starts.
-    pub from: i64,
-    /// Where the next range starts.
-    pub to: i64,
+pub use lakestream_protocol::PositionClaim;
+
+/// A source that keeps its positions in the output table (Kafka group
+/// mode), as [`Source::table_positions`] offers it: the engine gives it a
+/// [`PositionStore`] before the first plan, commits each batch with its
+/// [`TablePositions::claims`], and calls [`TablePositions::superseded`]
+/// when another writer moved a position first.
+#[async_trait]
+pub trait TablePositions: Send + Sync {
+    /// Where to read the positions from.
+    fn set_position_store(&self, store: std::sync::Arc<dyn PositionStore>);
+
+    /// The positions batch `end` moves forward.
+    fn claims(&self, end: &Offset) -> Result<Vec<PositionClaim>>;
+
+    /// Batch `end` was dropped: another writer moved one of its positions
+    /// before its commit. The source forgets the positions it holds and
+    /// reads them from the table at the next plan.
+    async fn superseded(&self, end: &Offset);
 }
 
 /// Where a source reads the positions it keeps in the output table: the
@@ -550,29 +557,10 @@ pub trait Source: Send + Sync + Debug {
         Ok(())
     }
 
-    /// Whether this source keeps its positions in the output table (Kafka
-    /// group mode) instead of deriving each batch's start from the
-    /// previous batch's end: the engine then gives it a
-    /// [`PositionStore`] with [`Source::set_position_store`] before the
-    /// first plan, commits each batch with its [`Source::claims`], and
-    /// calls [`Source::superseded`] when another writer moved a position
-    /// first. The default: `false`.
-    fn keeps_positions_in_table(&self) -> bool {
-        false
+    /// The source's positions kept in the output table (Kafka group mode),
+    /// when it keeps them there instead of deriving each batch's start
+    /// from the previous batch's end. The default: `None`.
+    fn table_positions(&self) -> Option<&dyn TablePositions> {
+        None
     }
-
-    /// Where to read the positions from (see
-    /// [`Source::keeps_positions_in_table`]). The default ignores it.
-    fn set_position_store(&self, _store: std::sync::Arc<dyn PositionStore>) {}
-
-    /// The positions batch `end` moves forward (empty by default).
-    fn claims(&self, _end: &Offset) -> Result<Vec<PositionClaim>> {
-        Ok(Vec::new())
-    }
-
-    /// Batch `end` was dropped: another writer moved one of its positions
-    /// before its commit. The source forgets the positions it holds and
-    /// reads them from the table at the next plan. The default does
-    /// nothing.
-    async fn superseded(&self, _end: &Offset) {}
 }

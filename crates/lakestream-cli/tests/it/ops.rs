@@ -25,6 +25,17 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     (code, body.to_string())
 }
 
+/// Send `request` as is to `addr`; the whole answer as text.
+fn raw(addr: &str, request: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut resp = Vec::new();
+    // The server may close while the rest of a refused request is unsent.
+    let _ = s.read_to_end(&mut resp);
+    String::from_utf8_lossy(&resp).into_owned()
+}
+
 /// Read `child`'s stderr until a line holds `http://ADDR/`; return ADDR.
 /// The rest of stderr is drained in the background.
 fn served_addr(child: &mut Child) -> String {
@@ -185,6 +196,37 @@ fn metrics_are_served_during_a_run_in_valid_openmetrics() {
     assert!(page.contains(&query), "the page names the query");
     let (code, _) = get(&addr, "/nope");
     assert_eq!(code, 404);
+    // Other methods and oversized requests get the status that says so.
+    let head = raw(
+        &addr,
+        &format!("POST /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(
+        head.starts_with("HTTP/1.1 405 Method Not Allowed"),
+        "{head}"
+    );
+    assert!(
+        head.to_ascii_lowercase().contains("allow: get, head"),
+        "{head}"
+    );
+    let big = "x".repeat(20 * 1024);
+    let head = raw(
+        &addr,
+        &format!("GET / HTTP/1.1\r\nHost: {addr}\r\nX-Big: {big}\r\n\r\n"),
+    );
+    assert!(
+        head.starts_with("HTTP/1.1 431 Request Header Fields Too Large"),
+        "{head}"
+    );
+    let head = raw(
+        &addr,
+        &format!("HEAD /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(
+        head.ends_with("\r\n\r\n"),
+        "a HEAD answer has no body: {head}"
+    );
 
     // SIGTERM: the run ends cleanly.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

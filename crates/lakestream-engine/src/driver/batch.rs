@@ -400,7 +400,9 @@ impl Driver {
                 continue;
             }
             if superseded {
-                t.source().superseded(&r.end).await;
+                if let Some(positions) = t.source().table_positions() {
+                    positions.superseded(&r.end).await;
+                }
             } else if let Err(e) = t.source().committed(&r.end).await {
                 tracing::warn!(source = t.source().name(), error = %e, "source commit hook failed");
             }
@@ -458,21 +460,16 @@ impl Driver {
         let mut claims = Vec::new();
         for t in &self.tables {
             let source = t.source();
-            if !source.keeps_positions_in_table() {
+            let Some(positions) = source.table_positions() else {
                 continue;
-            }
+            };
             if let Some(r) = entry.sources.get(source.name())
                 && !r.end.is_null()
             {
-                let mine = source.claims(&r.end).map_err(|e| Error::SourceInBatch {
+                claims.extend(positions.claims(&r.end).map_err(|e| Error::SourceInBatch {
                     batch_id: entry.batch_id,
                     source: Arc::new(e),
-                })?;
-                claims.extend(mine.into_iter().map(|c| lakestream_sink::PositionClaim {
-                    app_id: c.app_id,
-                    from: c.from,
-                    to: c.to,
-                }));
+                })?);
             }
         }
         Ok(claims)

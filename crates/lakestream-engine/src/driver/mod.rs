@@ -154,7 +154,7 @@ impl Driver {
         let Some(first) = self
             .tables
             .iter()
-            .find(|t| t.source().keeps_positions_in_table())
+            .find(|t| t.source().table_positions().is_some())
         else {
             return Ok(());
         };
@@ -177,9 +177,8 @@ impl Driver {
         // Refused here, before any batch, by a sink that cannot keep them.
         sink.positions(&[]).await?;
         for t in &self.tables {
-            if t.source().keeps_positions_in_table() {
-                t.source()
-                    .set_position_store(Arc::new(SinkPositions(sink.clone())));
+            if let Some(positions) = t.source().table_positions() {
+                positions.set_position_store(Arc::new(SinkPositions(sink.clone())));
             }
         }
         Ok(())

@@ -368,3 +368,19 @@ impl KafkaSource {
         claims
     }
 }
+
+/// Group mode: the partitions' positions live in the output table.
+#[async_trait::async_trait]
+impl crate::TablePositions for super::KafkaSource {
+    fn set_position_store(&self, store: Arc<dyn PositionStore>) {
+        self.membership.set_store(store);
+    }
+
+    fn claims(&self, end: &crate::Offset) -> crate::Result<Vec<PositionClaim>> {
+        Ok(self.group_claims(&self.parse(end)?))
+    }
+
+    async fn superseded(&self, _end: &crate::Offset) {
+        self.membership.forget();
+    }
+}

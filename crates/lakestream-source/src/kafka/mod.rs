@@ -1352,20 +1352,11 @@ impl Source for KafkaSource {
         d
     }
 
-    fn keeps_positions_in_table(&self) -> bool {
-        self.options.group_id.is_some()
-    }
-
-    fn set_position_store(&self, store: Arc<dyn crate::PositionStore>) {
-        self.membership.set_store(store);
-    }
-
-    fn claims(&self, end: &Offset) -> Result<Vec<crate::PositionClaim>> {
-        Ok(self.group_claims(&self.parse(end)?))
-    }
-
-    async fn superseded(&self, _end: &Offset) {
-        self.membership.forget();
+    fn table_positions(&self) -> Option<&dyn crate::TablePositions> {
+        self.options
+            .group_id
+            .is_some()
+            .then_some(self as &dyn crate::TablePositions)
     }
 
     async fn committed(&self, end: &Offset) -> Result<()> {
