@@ -1,0 +1,315 @@
+//! The Kafka workloads: a topic filled and read raw, the engine against it,
+//! and one against two processes in group mode.
+
+use super::*;
+
+/// Create `topic` with `partitions` on the broker at `bootstrap`.
+pub(super) fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
+    use rdkafka::ClientConfig;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    tokio::runtime::Runtime::new()?.block_on(admin.create_topics(
+        &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+        &AdminOptions::new(),
+    ))?;
+    Ok(())
+}
+
+/// The Kafka workloads; `group`: also group mode with one and two
+/// processes.
+pub(super) fn kafka_bench(
+    dir: &Path,
+    broker: &broker::Broker,
+    messages: u64,
+    group: bool,
+) -> anyhow::Result<()> {
+    use rdkafka::ClientConfig;
+    use rdkafka::Message;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let bootstrap = broker.bootstrap();
+    let messages = match broker.max_backlog(4) {
+        Some(max) if messages > max => {
+            figure(
+                "kafka.messages_capped",
+                max,
+                "messages (the mock broker keeps about 5 MB a partition)",
+            );
+            max
+        }
+        _ => messages,
+    };
+    let topic = format!("bench-{}", std::process::id());
+    broker.create_topic(&topic, 4)?;
+    let producer: BaseProducer = broker.producer_config().create()?;
+    let start = Instant::now();
+    for i in 0..messages {
+        let value = format!(
+            "{{\"order_id\":\"o{i:010}\",\"customer_id\":{},\"amount\":{}.25,\"ts\":\"2026-02-01T00:00:00Z\"}}",
+            i % 9973,
+            i % 500
+        );
+        loop {
+            match producer.send(
+                BaseRecord::<(), String>::to(&topic)
+                    .payload(&value)
+                    .partition((i % 4) as i32),
+            ) {
+                Ok(()) => break,
+                Err((e, _))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => bail!("produce: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(300))?;
+    figure("kafka.messages", messages, "messages");
+    figure(
+        "kafka.produce_rate",
+        format!("{:.0}", messages as f64 / start.elapsed().as_secs_f64()),
+        "msg/s",
+    );
+
+    // Raw: consume every partition from offset 0 and decode into Arrow.
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("order_id", DataType::Utf8, false),
+        Field::new("customer_id", DataType::Int64, true),
+        Field::new("amount", DataType::Float64, true),
+        Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true),
+    ]));
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "lakestream-bench")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..4 {
+        tpl.add_partition_offset(&topic, p, rdkafka::Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut decoder = arrow::json::ReaderBuilder::new(schema)
+        .with_batch_size(8192)
+        .build_decoder()?;
+    let start = Instant::now();
+    let mut got = 0u64;
+    let mut rows = 0usize;
+    while got < messages {
+        if start.elapsed() > Duration::from_secs(600) {
+            bail!("raw consume stalled at {got} of {messages}");
+        }
+        // Transient poll errors are retried like the engine does.
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            if decoder.len() >= 8192 {
+                rows += decoder.flush()?.map(|b| b.num_rows()).unwrap_or(0);
+            }
+            decoder.decode(m.payload().unwrap_or(b"{}"))?;
+            decoder.decode(b"\n")?;
+            got += 1;
+        }
+    }
+    rows += decoder.flush()?.map(|b| b.num_rows()).unwrap_or(0);
+    let raw = start.elapsed().as_secs_f64();
+    if rows as u64 != messages {
+        bail!("raw decode produced {rows} rows of {messages}");
+    }
+    figure(
+        "kafka.raw_rate",
+        format!("{:.0}", messages as f64 / raw),
+        "msg/s",
+    );
+
+    std::fs::write(
+        dir.join("kafka.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (
+               order_id VARCHAR NOT NULL, customer_id BIGINT, amount DOUBLE, ts TIMESTAMP
+             ) STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}';
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out/kafka';
+             INSERT INTO out SELECT order_id, customer_id, amount, ts FROM orders;"
+        ),
+    )?;
+    let r = run_job(dir, "kafka.sql", "ckpt/kafka")?;
+    let n = r.sum("input_rows");
+    if n != messages {
+        bail!("the kafka job read {n} of {messages} messages");
+    }
+    // The engine's rate over `secs`, and against the raw loop.
+    let rate = |name: &str, ratio: &str, unit: &str, secs: f64| {
+        figure(name, format!("{:.0}", messages as f64 / secs), unit);
+        figure(ratio, format!("{:.2}", raw / secs), "x");
+    };
+    rate(
+        "kafka.engine_rate",
+        "ratio.kafka_engine_over_raw",
+        "msg/s",
+        r.wall.as_secs_f64(),
+    );
+    // The same without the process's start-up (connecting, metadata, the
+    // topic's id): what the batches alone took.
+    let in_batches: f64 = r
+        .progress
+        .iter()
+        .filter_map(|p| p["durations"]["total_ms"].as_f64())
+        .sum::<f64>()
+        / 1000.0;
+    if in_batches > 0.0 {
+        rate(
+            "kafka.engine_batch_rate",
+            "ratio.kafka_batches_over_raw",
+            "msg/s (inside batches: start-up excluded)",
+            in_batches,
+        );
+    }
+
+    // Group mode: one, then two processes of one job share the topic.
+    // Not in smoke runs: a test broker's group coordinator may stall
+    // while members join (tansu's does), and a smoke run must not hang.
+    if !group {
+        figure("kafka.group.skipped", 1, "(smoke run)");
+        return Ok(());
+    }
+    for processes in [1usize, 2] {
+        let g = group_cost(dir, bootstrap, &topic, messages, processes)?;
+        let key = format!("kafka.group.{processes}");
+        figure(
+            &format!("{key}.rate"),
+            format!("{:.0}", messages as f64 / g.busy.as_secs_f64()),
+            "msg/s (first batch to last)",
+        );
+        figure(
+            &format!("{key}.start"),
+            format!("{:.0}", g.join.as_secs_f64() * 1000.0),
+            "ms (spawn to first batch)",
+        );
+        figure(&format!("{key}.batches"), g.batches, "batches");
+        figure(
+            &format!("{key}.superseded"),
+            format!(
+                "{:.1}",
+                100.0 * g.superseded as f64 / g.batches.max(1) as f64
+            ),
+            "% of batches",
+        );
+        figure(
+            &format!("{key}.retried"),
+            format!("{:.1}", 100.0 * g.retries as f64 / g.batches.max(1) as f64),
+            "% of commits",
+        );
+    }
+    Ok(())
+}
+
+/// What [`group_cost`] measured.
+pub(super) struct GroupCost {
+    /// From spawning the processes to the first batch's start.
+    pub(super) join: Duration,
+    /// From the first batch's start to the table holding every message.
+    pub(super) busy: Duration,
+    pub(super) batches: u64,
+    pub(super) superseded: u64,
+    pub(super) retries: u64,
+}
+
+/// `processes` processes of one job in one new consumer group read
+/// `topic` (holding `messages`) into one table, until their committed
+/// batches hold every message; then they are stopped with SIGTERM.
+pub(super) fn group_cost(
+    dir: &Path,
+    bootstrap: &str,
+    topic: &str,
+    messages: u64,
+    processes: usize,
+) -> anyhow::Result<GroupCost> {
+    let job = format!("group{processes}.sql");
+    std::fs::write(
+        dir.join(&job),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (
+               order_id VARCHAR NOT NULL, customer_id BIGINT, amount DOUBLE, ts TIMESTAMP
+             ) STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}'
+             OPTIONS ('group_id' 'bench-{processes}-{pid}', 'max_offsets_per_trigger' '20000',
+                      'kafka.session.timeout.ms' '6000');
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'out/group-{processes}';
+             INSERT INTO out SELECT order_id, customer_id, amount, ts FROM orders;",
+            pid = std::process::id()
+        ),
+    )?;
+    let exe = lakestream();
+    let start = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let mut children = Vec::new();
+    for i in 0..processes {
+        let mut child = Command::new(exe)
+            .current_dir(dir)
+            .args([
+                "run",
+                &job,
+                "--checkpoint",
+                &format!("ckpt/group-{processes}-{i}"),
+                "--trigger",
+                "100ms",
+                "--progress-json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        children.push(child);
+    }
+    let stop = |children: &mut Vec<std::process::Child>| {
+        for c in children.iter_mut() {
+            // SAFETY: kill(2) on a child of this process.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    };
+    let deadline = start + Duration::from_secs(600);
+    let (mut rows, mut batches, mut superseded, mut retries) = (0u64, 0u64, 0u64, 0u64);
+    let mut first: Option<Instant> = None;
+    while rows < messages {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(p) = rx.recv_timeout(left) else {
+            stop(&mut children);
+            bail!(
+                "group mode with {processes} processes read {rows} of {messages} messages in 600 s"
+            );
+        };
+        let took =
+            Duration::from_secs_f64(p["durations"]["total_ms"].as_f64().unwrap_or(0.0) / 1000.0);
+        first.get_or_insert(Instant::now() - took);
+        batches += 1;
+        retries += p["commit_retries"].as_u64().unwrap_or(0);
+        if p.get("superseded").is_some_and(|s| !s.is_null()) {
+            superseded += 1;
+        } else if p["skipped"] != true {
+            rows += p["input_rows"].as_u64().unwrap_or(0);
+        }
+    }
+    let first = first.expect("a batch ran");
+    let busy = first.elapsed();
+    stop(&mut children);
+    Ok(GroupCost {
+        join: first.saturating_duration_since(start),
+        busy,
+        batches,
+        superseded,
+        retries,
+    })
+}
