@@ -5,7 +5,7 @@ mod plan;
 
 use std::collections::{BTreeMap, HashMap};
 
-use plan::{plan_query, rename_output, stateful_of};
+use plan::{add_dead_letters, check_event_times, plan_outputs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -476,159 +476,25 @@ impl QueryBuilder {
             }
         };
         let first_pos = specs[0].pos;
-        for (source, et) in &self.event_times {
-            let Some(t) = self
-                .tables
-                .iter()
-                .find(|t| t.source().name().eq_ignore_ascii_case(source))
-            else {
-                return Err(user_error(
-                    first_pos,
-                    format!(
-                        "an event time is set for {source}, which is not a stream of this query"
-                    ),
-                ));
-            };
-            let schema = t.source().schema();
-            match schema.field_with_name(&et.column).map(|f| f.data_type()) {
-                Ok(arrow::datatypes::DataType::Timestamp(_, _)) => {}
-                Ok(other) => {
-                    return Err(user_error(
-                        first_pos,
-                        format!(
-                            "the event time column {} of {source} is {other}, not a timestamp; \
-                             declare it TIMESTAMP",
-                            et.column
-                        ),
-                    ));
-                }
-                Err(_) => {
-                    return Err(user_error(
-                        first_pos,
-                        format!(
-                            "the event time column {} is not a column of {source}",
-                            et.column
-                        ),
-                    ));
-                }
-            }
-        }
+        check_event_times(&self.tables, &self.event_times, &|msg| {
+            user_error(first_pos, msg)
+        })?;
         let state_location =
             lakestream_storage::Location::parse(&checkpoint, &self.checkpoint_options)?;
-        let mut outputs: Vec<OutputPlan> = Vec::new();
-        let mut stateful: Option<(usize, StatefulAggregate)> = None;
-        for spec in specs {
-            let fingerprint = match (&spec.text, &spec.query) {
-                (Some(text), _) => crate::lineage::sql_fingerprint(text),
-                (None, QuerySpec::Sql(sql)) => crate::lineage::sql_fingerprint(sql),
-                (None, QuerySpec::Plan(p)) => {
-                    crate::lineage::sql_fingerprint(&p.display_indent().to_string())
-                }
-            };
-            let plan = plan_query(&self.ctx, spec.query).await?;
-            let plan = if spec.columns.is_empty() {
-                plan
-            } else {
-                rename_output(plan, &spec.columns)?
-            };
-            match (job, spec.pos) {
-                (Some(job), Some(pos)) => {
-                    lakestream_job::check_streaming_plan(job, pos, &plan, &is_stream)?
-                }
-                _ => {
-                    if let Some(problem) = lakestream_job::streaming_plan_problem(&plan, &is_stream)
-                    {
-                        return Err(Error::InvalidQuery(problem));
-                    }
-                }
-            }
-            let agg = stateful_of(
-                &self.ctx,
-                &plan,
-                &is_stream,
-                &state_location,
-                spec.mode,
-                &self.event_times,
-                &|msg| user_error(spec.pos, msg),
-            )
-            .await?;
-            let identity = spec.sink.identity();
-            if let Some(agg) = agg {
-                if stateful.is_some() {
-                    return Err(user_error(
-                        spec.pos,
-                        "a query may hold one aggregation or deduplication among its outputs, \
-                         and this is the second: write the other from a job of its own (it \
-                         may read the first job's table as a stream)"
-                            .into(),
-                    ));
-                }
-                stateful = Some((outputs.len(), agg));
-            }
-            if outputs.iter().any(|o| o.identity == identity) {
-                return Err(user_error(
-                    spec.pos,
-                    format!(
-                        "two outputs of the query write to {identity}: each batch is committed \
-                         to a table once, so the second would never be written"
-                    ),
-                ));
-            }
-            outputs.push(OutputPlan {
-                kind: OutputKind::Query(plan),
-                sink: spec.sink,
-                fingerprint,
-                identity,
-                stateful: false,
-            });
-        }
-        let stateful = stateful.map(|(i, agg)| {
-            outputs[i].stateful = true;
-            agg
-        });
+        let (mut outputs, stateful) = plan_outputs(
+            &self.ctx,
+            specs,
+            job,
+            &is_stream,
+            &state_location,
+            &self.event_times,
+            &user_error,
+        )
+        .await?;
         let first_dead_letter = outputs.len();
-        for (source, sink) in self.dead_letters {
-            let Some(t) = self
-                .tables
-                .iter()
-                .find(|t| t.source().name().eq_ignore_ascii_case(&source))
-            else {
-                return Err(user_error(
-                    first_pos,
-                    format!(
-                        "dead letters are set for {source}, which is not a stream of this query"
-                    ),
-                ));
-            };
-            let name = t.source().name().to_string();
-            let identity = sink.identity();
-            if let Some(o) = outputs[first_dead_letter..]
-                .iter_mut()
-                .find(|o| o.identity == identity)
-            {
-                // Several sources may share one dead-letter table.
-                if let OutputKind::DeadLetters(names) = &mut o.kind {
-                    names.push(name);
-                }
-                continue;
-            }
-            if outputs.iter().any(|o| o.identity == identity) {
-                return Err(user_error(
-                    first_pos,
-                    format!(
-                        "the dead letters of {name} go to {identity}, an output of the query: \
-                         give them a table of their own"
-                    ),
-                ));
-            }
-            outputs.push(OutputPlan {
-                kind: OutputKind::DeadLetters(vec![name]),
-                sink,
-                fingerprint: crate::lineage::sql_fingerprint("dead letters"),
-                identity,
-                stateful: false,
-            });
-        }
+        add_dead_letters(&mut outputs, self.dead_letters, &self.tables, &|msg| {
+            user_error(first_pos, msg)
+        })?;
         let ckpt = Checkpoint::open(&checkpoint, &self.checkpoint_options).await?;
         // Before the sink creates anything: a checkpoint of another query
         // would apply its offsets to input they do not describe.

@@ -204,6 +204,50 @@ impl Driver {
         }
     }
 
+    /// Plan batch `next_id`: each source's range from where the last batch
+    /// ended (`prev`), and the watermark it runs with. Whether it has work:
+    /// new input anywhere, or windows the watermark closes (written now,
+    /// not whenever more input comes).
+    async fn plan_next(
+        &self,
+        prev: &BTreeMap<String, Option<serde_json::Value>>,
+        next_id: u64,
+        watermark: Option<i64>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(BTreeMap<String, SourceRange>, bool, Option<i64>)> {
+        let mut sources = BTreeMap::new();
+        let mut any = false;
+        for t in &self.tables {
+            let name = t.source().name().to_string();
+            let start = prev.get(&name).cloned().flatten();
+            let source = t.source();
+            let end = retry_transient(source.as_ref(), "plan", stop, || {
+                source.plan(start.as_ref())
+            })
+            .await?
+            .flatten();
+            any |= end.is_some();
+            sources.insert(
+                name,
+                SourceRange {
+                    start,
+                    end: end.unwrap_or(serde_json::Value::Null),
+                },
+            );
+        }
+        let next_watermark = match &self.stateful {
+            Some(st) => st.next_watermark(next_id.checked_sub(1), watermark).await?,
+            None => None,
+        };
+        if !any
+            && let Some(st) = &self.stateful
+            && st.has_output_at(next_watermark).await
+        {
+            any = true;
+        }
+        Ok((sources, any, next_watermark))
+    }
+
     pub(crate) async fn run(
         self,
         mut stop: watch::Receiver<bool>,
@@ -275,39 +319,8 @@ impl Driver {
                 break;
             }
             let t_plan = Instant::now();
-            let mut sources = BTreeMap::new();
-            let mut any = false;
-            for t in &self.tables {
-                let name = t.source().name().to_string();
-                let start = prev.get(&name).cloned().flatten();
-                let source = t.source();
-                let end = retry_transient(source.as_ref(), "plan", &mut stop, || {
-                    source.plan(start.as_ref())
-                })
-                .await?
-                .flatten();
-                any |= end.is_some();
-                sources.insert(
-                    name,
-                    SourceRange {
-                        start,
-                        end: end.unwrap_or(serde_json::Value::Null),
-                    },
-                );
-            }
-            let next_watermark = match &self.stateful {
-                Some(st) => st.next_watermark(next_id.checked_sub(1), watermark).await?,
-                None => None,
-            };
-            // A batch without new input still runs when the watermark
-            // closes windows: they are written now, not whenever more
-            // input comes.
-            if !any
-                && let Some(st) = &self.stateful
-                && st.has_output_at(next_watermark).await
-            {
-                any = true;
-            }
+            let (sources, any, next_watermark) =
+                self.plan_next(&prev, next_id, watermark, &mut stop).await?;
             let plan_time = t_plan.elapsed();
             if !any {
                 match self.trigger {

@@ -156,3 +156,174 @@ pub(super) fn rename_output(plan: LogicalPlan, columns: &[String]) -> Result<Log
         .and_then(|b| b.build())
         .map_err(|e| Error::Plan(Box::new(e)))
 }
+
+/// Check each declared event time: its source is a stream of the query and
+/// the column a timestamp of it. `err` makes the error at the job's first
+/// output.
+pub(super) fn check_event_times(
+    tables: &[Arc<MicroBatchTable>],
+    event_times: &BTreeMap<String, EventTime>,
+    err: &(dyn Fn(String) -> Error + Sync),
+) -> Result<()> {
+    for (source, et) in event_times {
+        let Some(t) = tables
+            .iter()
+            .find(|t| t.source().name().eq_ignore_ascii_case(source))
+        else {
+            return Err(err(format!(
+                "an event time is set for {source}, which is not a stream of this query"
+            )));
+        };
+        let schema = t.source().schema();
+        match schema.field_with_name(&et.column).map(|f| f.data_type()) {
+            Ok(arrow::datatypes::DataType::Timestamp(_, _)) => {}
+            Ok(other) => {
+                return Err(err(format!(
+                    "the event time column {} of {source} is {other}, not a timestamp; \
+                         declare it TIMESTAMP",
+                    et.column
+                )));
+            }
+            Err(_) => {
+                return Err(err(format!(
+                    "the event time column {} is not a column of {source}",
+                    et.column
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Plan each output: its fingerprint, logical plan (columns renamed as its
+/// table's), the streaming-shape check and the aggregation it holds (one
+/// in the whole query at most). Outputs writing to the same table are
+/// refused.
+pub(super) async fn plan_outputs(
+    ctx: &SessionContext,
+    specs: Vec<Output>,
+    job: Option<&lakestream_job::Job>,
+    is_stream: &(dyn Fn(&str) -> bool + Sync),
+    state_location: &lakestream_storage::Location,
+    event_times: &BTreeMap<String, EventTime>,
+    user_error: &(dyn Fn(Option<lakestream_job::Pos>, String) -> Error + Sync),
+) -> Result<(Vec<OutputPlan>, Option<StatefulAggregate>)> {
+    let mut outputs: Vec<OutputPlan> = Vec::new();
+    let mut stateful: Option<(usize, StatefulAggregate)> = None;
+    for spec in specs {
+        let fingerprint = match (&spec.text, &spec.query) {
+            (Some(text), _) => crate::lineage::sql_fingerprint(text),
+            (None, QuerySpec::Sql(sql)) => crate::lineage::sql_fingerprint(sql),
+            (None, QuerySpec::Plan(p)) => {
+                crate::lineage::sql_fingerprint(&p.display_indent().to_string())
+            }
+        };
+        let plan = plan_query(ctx, spec.query).await?;
+        let plan = if spec.columns.is_empty() {
+            plan
+        } else {
+            rename_output(plan, &spec.columns)?
+        };
+        match (job, spec.pos) {
+            (Some(job), Some(pos)) => {
+                lakestream_job::check_streaming_plan(job, pos, &plan, &is_stream)?
+            }
+            _ => {
+                if let Some(problem) = lakestream_job::streaming_plan_problem(&plan, &is_stream) {
+                    return Err(Error::InvalidQuery(problem));
+                }
+            }
+        }
+        let agg = stateful_of(
+            ctx,
+            &plan,
+            is_stream,
+            state_location,
+            spec.mode,
+            event_times,
+            &|msg| user_error(spec.pos, msg),
+        )
+        .await?;
+        let identity = spec.sink.identity();
+        if let Some(agg) = agg {
+            if stateful.is_some() {
+                return Err(user_error(
+                    spec.pos,
+                    "a query may hold one aggregation or deduplication among its outputs, \
+                     and this is the second: write the other from a job of its own (it \
+                     may read the first job's table as a stream)"
+                        .into(),
+                ));
+            }
+            stateful = Some((outputs.len(), agg));
+        }
+        if outputs.iter().any(|o| o.identity == identity) {
+            return Err(user_error(
+                spec.pos,
+                format!(
+                    "two outputs of the query write to {identity}: each batch is committed \
+                     to a table once, so the second would never be written"
+                ),
+            ));
+        }
+        outputs.push(OutputPlan {
+            kind: OutputKind::Query(plan),
+            sink: spec.sink,
+            fingerprint,
+            identity,
+            stateful: false,
+        });
+    }
+    let stateful = stateful.map(|(i, agg)| {
+        outputs[i].stateful = true;
+        agg
+    });
+    Ok((outputs, stateful))
+}
+
+/// Append a dead-letter output per table the query's sources send their
+/// rejected records to (sources sharing one table share one output).
+pub(super) fn add_dead_letters(
+    outputs: &mut Vec<OutputPlan>,
+    dead_letters: Vec<(String, Arc<dyn Sink>)>,
+    tables: &[Arc<MicroBatchTable>],
+    err: &(dyn Fn(String) -> Error + Sync),
+) -> Result<()> {
+    let first_dead_letter = outputs.len();
+    for (source, sink) in dead_letters {
+        let Some(t) = tables
+            .iter()
+            .find(|t| t.source().name().eq_ignore_ascii_case(&source))
+        else {
+            return Err(err(format!(
+                "dead letters are set for {source}, which is not a stream of this query"
+            )));
+        };
+        let name = t.source().name().to_string();
+        let identity = sink.identity();
+        if let Some(o) = outputs[first_dead_letter..]
+            .iter_mut()
+            .find(|o| o.identity == identity)
+        {
+            // Several sources may share one dead-letter table.
+            if let OutputKind::DeadLetters(names) = &mut o.kind {
+                names.push(name);
+            }
+            continue;
+        }
+        if outputs.iter().any(|o| o.identity == identity) {
+            return Err(err(format!(
+                "the dead letters of {name} go to {identity}, an output of the query: \
+                     give them a table of their own"
+            )));
+        }
+        outputs.push(OutputPlan {
+            kind: OutputKind::DeadLetters(vec![name]),
+            sink,
+            fingerprint: crate::lineage::sql_fingerprint("dead letters"),
+            identity,
+            stateful: false,
+        });
+    }
+    Ok(())
+}
