@@ -59,18 +59,20 @@ fn simulation_keeps_every_row_exactly_once_under_faults() {
     println!(
         "simulation: {n} schedules from seed {first} kept exactly once in {:.1} s \
          ({steps} steps; {} kills, {} second processes, {} failed calls, {} lost answers, \
-         {} stale reads)",
+         {} stale reads; {} group-mode commits superseded)",
         t0.elapsed().as_secs_f64(),
         injected.crashes,
         injected.zombies,
         injected.failed_calls,
         injected.lost_answers,
-        injected.stale_reads
+        injected.stale_reads,
+        injected.superseded
     );
     if n >= 1000 {
         // The faults the invariant is proven against did happen.
         assert!(injected.crashes > 0 && injected.zombies > 0 && injected.lost_answers > 0);
         assert!(injected.failed_calls > 0 && injected.stale_reads > 0);
+        assert!(injected.superseded > 0);
     }
 }
 
@@ -84,6 +86,7 @@ fn each_planted_protocol_bug_is_found() {
         Mutation::MarkBeforeCommit,
         Mutation::ForgetPending,
         Mutation::WriteAheadOverwrites,
+        Mutation::ClaimsIgnored,
     ] {
         let found =
             (0..20_000u64).find_map(|seed| sim::run(seed, Some(m), false).err().map(|b| (seed, b)));

@@ -74,9 +74,10 @@ async fn other_writer(w: Shared) -> Exit {
         yield_now().await;
         let mut world = w.borrow_mut();
         world.tables[0].commits.push(world::TableCommit {
-            ours: false,
+            query: None,
             batch: k as u64,
             rows: vec![(-1, k as u64)],
+            claim: None,
         });
     }
     Exit::Finished
@@ -111,10 +112,13 @@ pub(crate) fn run(seed: u64, mutation: Option<Mutation>, trace: bool) -> Result<
         },
     ];
     let mut next_pid = 0u32;
+    let members = world.borrow().cfg.members() as u32;
     let spawn = |actors: &mut Vec<Actor>, next_pid: &mut u32| {
+        // In group mode processes take turns being each member.
+        let member = (*next_pid % members) as usize;
         actors.push(Actor {
             kind: Kind::Process(*next_pid),
-            fut: Box::pin(process(world.clone(), *next_pid)),
+            fut: Box::pin(process(world.clone(), *next_pid, member)),
         });
         *next_pid += 1;
     };
@@ -190,12 +194,19 @@ pub(crate) fn run(seed: u64, mutation: Option<Mutation>, trace: bool) -> Result<
     Ok(Ran { steps, injected })
 }
 
-/// Whether every record the source will hold is planned and every planned
-/// batch marked (then no process needs to run).
+/// Whether every record the source will hold is in, and every planned
+/// batch of every member marked (then no process needs to run).
 fn complete(w: &World) -> bool {
+    let consumed = if w.cfg.group {
+        w.tables[0].position_as_of(w.tables[0].version()) == Some(w.cfg.records)
+    } else {
+        w.ckpts[0].offsets.values().next_back().map_or(0, |p| p.end) == w.cfg.records
+    };
     w.source.len() == w.cfg.records
-        && w.offsets.values().next_back().map_or(0, |p| p.end) == w.cfg.records
-        && w.offsets.keys().all(|n| w.marks.contains_key(n))
+        && consumed
+        && w.ckpts
+            .iter()
+            .all(|c| c.offsets.keys().all(|n| c.marks.contains_key(n)))
 }
 
 /// The invariant.
@@ -212,51 +223,88 @@ fn check(w: &World) -> Result<(), String> {
                 .collect(),
             Output::DeadLetters => bad.iter().map(|v| (*v, 0)).collect(),
         };
-        let ours: Vec<&world::TableCommit> =
-            w.tables[i].commits.iter().filter(|c| c.ours).collect();
+        let ours: Vec<&world::TableCommit> = w.tables[i]
+            .commits
+            .iter()
+            .filter(|c| c.query.is_some())
+            .collect();
         let got: Vec<Row> = ours.iter().flat_map(|c| c.rows.iter().copied()).collect();
         if got != expected {
             return Err(format!(
                 "output {i} ({out:?}) holds {got:?}, a failure-free run {expected:?}"
             ));
         }
-        if ours.windows(2).any(|p| p[0].batch >= p[1].batch) {
-            return Err(format!(
-                "output {i} ({out:?}) holds a batch twice or out of order"
-            ));
+        for q in 0..w.cfg.members() {
+            let batches: Vec<u64> = ours
+                .iter()
+                .filter(|c| c.query == Some(q))
+                .map(|c| c.batch)
+                .collect();
+            if batches.windows(2).any(|p| p[0] >= p[1]) {
+                return Err(format!(
+                    "output {i} ({out:?}) holds a batch of member {q} twice or out of order"
+                ));
+            }
         }
     }
-    let foreign = w.tables[0].commits.iter().filter(|c| !c.ours).count();
+    let foreign = w.tables[0]
+        .commits
+        .iter()
+        .filter(|c| c.query.is_none())
+        .count();
     if foreign != w.cfg.foreign_commits {
         return Err(format!(
             "the other writer made {} commits, the table keeps {foreign}",
             w.cfg.foreign_commits
         ));
     }
-    let mut end = 0;
-    for (n, p) in &w.offsets {
-        if p.start != end {
-            return Err(format!(
-                "offsets/{n} starts at {}, the batch before ended at {end}",
-                p.start
-            ));
-        }
-        end = p.end;
-        let Some(m) = w.marks.get(n) else {
-            return Err(format!("batch {n} is planned and never marked"));
-        };
-        for (i, v) in m.versions.iter().enumerate() {
-            if let Some(v) = v
-                && w.tables[i].batch_as_of(*v).is_none_or(|b| b < *n)
-            {
-                return Err(format!(
-                    "commits/{n} names version {v} of output {i}, which lacks the batch"
-                ));
+    if w.cfg.group {
+        // The claims chain: each commit starts where the one before ended.
+        let mut at = 0;
+        for c in &w.tables[0].commits {
+            if let Some((from, to)) = c.claim {
+                if from != at {
+                    return Err(format!("a claim starts at {from}, the position was {at}"));
+                }
+                at = to;
             }
         }
+        if at != w.cfg.records {
+            return Err(format!(
+                "the claims reach {at} of {} records",
+                w.cfg.records
+            ));
+        }
     }
-    if end != w.cfg.records {
-        return Err(format!("batches read {end} of {} records", w.cfg.records));
+    for (q, c) in w.ckpts.iter().enumerate() {
+        let mut end = 0;
+        for (n, p) in &c.offsets {
+            if !w.cfg.group && p.start != end {
+                return Err(format!(
+                    "offsets/{n} starts at {}, the batch before ended at {end}",
+                    p.start
+                ));
+            }
+            end = p.end;
+            let Some(m) = c.marks.get(n) else {
+                return Err(format!(
+                    "batch {n} of member {q} is planned and never marked"
+                ));
+            };
+            for (i, v) in m.versions.iter().enumerate() {
+                if let Some(v) = v
+                    && w.tables[i].batch_as_of(*v, q).is_none_or(|b| b < *n)
+                {
+                    return Err(format!(
+                        "commits/{n} of member {q} names version {v} of output {i}, which lacks \
+                         the batch"
+                    ));
+                }
+            }
+        }
+        if !w.cfg.group && end != w.cfg.records {
+            return Err(format!("batches read {end} of {} records", w.cfg.records));
+        }
     }
     Ok(())
 }

@@ -83,37 +83,51 @@ async fn write<T>(
     Ok(t)
 }
 
-/// One process, from its start to its exit.
-pub(crate) async fn process(w: Shared, pid: u32) -> Exit {
-    match run(&w, pid).await {
+/// One process of member `q` (its checkpoint and query id), from its
+/// start to its exit.
+pub(crate) async fn process(w: Shared, pid: u32, q: usize) -> Exit {
+    match run(&w, pid, q).await {
         Ok(()) => Exit::Finished,
         Err(e) => Exit::Failed(e),
     }
 }
 
-async fn run(w: &Shared, pid: u32) -> Result<(), String> {
-    let (max_batch, mutation) = {
+async fn run(w: &Shared, pid: u32, q: usize) -> Result<(), String> {
+    let (max_batch, mutation, group) = {
         let world = w.borrow();
-        (world.cfg.max_batch, world.mutation)
+        (world.cfg.max_batch, world.mutation, world.cfg.group)
     };
     let last_planned = call(w, pid, "list offsets", |w| {
-        w.offsets.keys().next_back().copied()
+        w.ckpts[q].offsets.keys().next_back().copied()
     })
     .await?;
-    let last_marked = call(w, pid, "read the newest mark", World::newest_mark).await?;
+    let last_marked = call(w, pid, "read the newest mark", |w| w.newest_mark(q)).await?;
     let r = resume(last_planned, last_marked);
     let mut prev_end = match last_planned {
-        Some(n) => call(w, pid, "read the last offsets", |w| w.offsets[&n].end).await?,
+        Some(n) => {
+            call(w, pid, "read the last offsets", |w| {
+                w.ckpts[q].offsets[&n].end
+            })
+            .await?
+        }
         None => 0,
     };
     if let Some(n) = r.pending
         && mutation != Some(Mutation::ForgetPending)
     {
-        let plan = call(w, pid, "read the pending offsets", |w| w.offsets[&n]).await?;
-        run_batch(w, pid, n, plan, true).await?;
+        let plan = call(w, pid, "read the pending offsets", |w| {
+            w.ckpts[q].offsets[&n]
+        })
+        .await?;
+        run_batch(w, pid, q, n, plan, true).await?;
     }
     let mut next = r.next_id;
     loop {
+        if group {
+            // The source's position lives in the table: read at each plan,
+            // possibly stale (a stale start is superseded at its commit).
+            prev_end = call(w, pid, "read the position", World::position).await?;
+        }
         let (len, all) = call(w, pid, "plan", |w| {
             (w.source.len(), w.source.len() == w.cfg.records)
         })
@@ -130,17 +144,19 @@ async fn run(w: &Shared, pid: u32) -> Result<(), String> {
             end,
         };
         let fenced = write(w, pid, "write ahead", |w| {
-            if w.offsets.contains_key(&next) && w.mutation != Some(Mutation::WriteAheadOverwrites) {
+            let overwrite = w.mutation == Some(Mutation::WriteAheadOverwrites);
+            let offsets = &mut w.ckpts[q].offsets;
+            if offsets.contains_key(&next) && !overwrite {
                 return false;
             }
-            w.offsets.insert(next, plan);
+            offsets.insert(next, plan);
             true
         })
         .await?;
         if !fenced {
             return Err(format!("offsets/{next} was written by another process"));
         }
-        run_batch(w, pid, next, plan, false).await?;
+        run_batch(w, pid, q, next, plan, false).await?;
         prev_end = end;
         next += 1;
     }
@@ -150,13 +166,14 @@ async fn run(w: &Shared, pid: u32) -> Result<(), String> {
 async fn run_batch(
     w: &Shared,
     pid: u32,
+    q: usize,
     batch: u64,
     plan: Plan,
     recovered: bool,
 ) -> Result<(), String> {
-    let (outputs, mutation) = {
+    let (outputs, mutation, group) = {
         let world = w.borrow();
-        (world.cfg.outputs.clone(), world.mutation)
+        (world.cfg.outputs.clone(), world.mutation, world.cfg.group)
     };
     let roles = outputs.iter().map(|o| o.role()).collect();
     let mut steps = BatchSteps::new(batch, roles, recovered);
@@ -164,12 +181,15 @@ async fn run_batch(
     let mut records: Vec<i64> = Vec::new();
     if mutation == Some(Mutation::MarkBeforeCommit) {
         write(w, pid, "mark (too early)", |w| {
-            w.write_mark(lakestream_protocol::Mark {
-                batch_id: batch,
-                versions: vec![None; w.cfg.outputs.len()],
-                skipped: false,
-                superseded: None,
-            })
+            w.write_mark(
+                q,
+                lakestream_protocol::Mark {
+                    batch_id: batch,
+                    versions: vec![None; w.cfg.outputs.len()],
+                    skipped: false,
+                    superseded: None,
+                },
+            )
         })
         .await?;
     }
@@ -178,7 +198,7 @@ async fn run_batch(
             Action::CheckOutputs => {
                 let mut found = Vec::with_capacity(outputs.len());
                 for i in 0..outputs.len() {
-                    found.push(call(w, pid, "check an output", |w| w.holds(i, batch)).await?);
+                    found.push(call(w, pid, "check an output", |w| w.holds(i, q, batch)).await?);
                 }
                 steps.checked(&found);
             }
@@ -194,20 +214,18 @@ async fn run_batch(
                         Output::Numbered => {
                             let base = if mutation == Some(Mutation::StateFromNewest) {
                                 call(w, pid, "read the newest state", |w| {
-                                    w.state.values().next_back().copied()
+                                    w.ckpts[q].state.values().next_back().copied()
                                 })
                                 .await?
                                 .unwrap_or(0)
                             } else {
                                 match state_base(batch) {
                                     None => 0,
-                                    Some(b) => {
-                                        call(w, pid, "read the state", |w| w.state.get(&b).copied())
-                                            .await?
-                                            .ok_or_else(|| {
-                                                format!("the state of batch {b} is missing")
-                                            })?
-                                    }
+                                    Some(b) => call(w, pid, "read the state", |w| {
+                                        w.ckpts[q].state.get(&b).copied()
+                                    })
+                                    .await?
+                                    .ok_or_else(|| format!("the state of batch {b} is missing"))?,
                                 }
                             };
                             let rows: Vec<Row> = good
@@ -217,7 +235,7 @@ async fn run_batch(
                                 .collect();
                             let after = base + good.len() as u64;
                             write(w, pid, "write the state", |w| {
-                                w.state.insert(batch, after);
+                                w.ckpts[q].state.insert(batch, after);
                             })
                             .await?;
                             rows
@@ -239,12 +257,15 @@ async fn run_batch(
                 let outcome = if rows.is_empty() && outputs[i] == Output::DeadLetters {
                     Committed::Nothing
                 } else {
-                    write(w, pid, "commit an output", |w| w.commit(i, batch, rows)).await?
+                    write(w, pid, "commit an output", |w| {
+                        w.commit(i, q, batch, rows, group.then_some((plan.start, plan.end)))
+                    })
+                    .await?
                 };
                 steps.committed(i, outcome);
             }
             Action::Mark(m) => {
-                write(w, pid, "mark", |w| w.write_mark(m)).await?;
+                write(w, pid, "mark", |w| w.write_mark(q, m)).await?;
                 steps.marked();
             }
             Action::Notify { .. } => steps.notified(),

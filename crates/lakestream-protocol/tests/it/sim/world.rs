@@ -51,6 +51,8 @@ pub(crate) enum Mutation {
     ForgetPending,
     /// The write-ahead record overwrites another process's.
     WriteAheadOverwrites,
+    /// Group mode: a commit lands whatever position the table holds.
+    ClaimsIgnored,
 }
 
 /// What an output computes from the batch's records.
@@ -105,6 +107,17 @@ pub(crate) struct Config {
     pub(crate) stale_per_mille: u64,
     /// Commits another writer makes to the first output's table.
     pub(crate) foreign_commits: usize,
+    /// Group mode: two members, each with its own checkpoint and query id,
+    /// share the source; its position lives in the one output's table and
+    /// each commit claims the range it read (compare-and-set).
+    pub(crate) group: bool,
+}
+
+impl Config {
+    /// The members sharing the source: their checkpoints and query ids.
+    pub(crate) fn members(&self) -> usize {
+        if self.group { 2 } else { 1 }
+    }
 }
 
 impl Config {
@@ -119,10 +132,17 @@ impl Config {
             &[Numbered, DeadLetters, Doubled],
             &[DeadLetters, Doubled, DeadLetters],
         ];
+        let group = rng.chance(250);
         Self {
             records: 1 + rng.below(24) as usize,
             max_batch: 1 + rng.below(5) as usize,
-            outputs: rng.pick(&shapes).to_vec(),
+            // Group mode writes exactly one table, without dead letters.
+            outputs: if group {
+                vec![Doubled]
+            } else {
+                rng.pick(&shapes).to_vec()
+            },
+            group,
             fault_budget: rng.below(7) as u32,
             crash_per_mille: rng.pick(&[0, 10, 40, 120]),
             zombie_per_mille: rng.pick(&[0, 250, 600]),
@@ -144,10 +164,12 @@ pub(crate) struct Plan {
 /// One commit in a table.
 #[derive(Clone, Debug)]
 pub(crate) struct TableCommit {
-    /// Whose commit: the query, or another writer.
-    pub(crate) ours: bool,
+    /// Whose commit: a member's query, or (`None`) another writer.
+    pub(crate) query: Option<usize>,
     pub(crate) batch: u64,
     pub(crate) rows: Vec<Row>,
+    /// Group mode: the source range `[from, to)` it claimed.
+    pub(crate) claim: Option<(usize, usize)>,
 }
 
 /// A sink table: its commits, the version being the index + 1.
@@ -162,14 +184,34 @@ impl Table {
         self.commits.len() as u64
     }
 
-    /// The newest batch of the query in the first `version` commits.
-    pub(crate) fn batch_as_of(&self, version: u64) -> Option<u64> {
+    /// The newest batch of `query` in the first `version` commits.
+    pub(crate) fn batch_as_of(&self, version: u64, query: usize) -> Option<u64> {
         self.commits[..version as usize]
             .iter()
             .rev()
-            .find(|c| c.ours)
+            .find(|c| c.query == Some(query))
             .map(|c| c.batch)
     }
+
+    /// The source position the first `version` commits moved to (group
+    /// mode), if any claimed one.
+    pub(crate) fn position_as_of(&self, version: u64) -> Option<usize> {
+        self.commits[..version as usize]
+            .iter()
+            .rev()
+            .find_map(|c| c.claim.map(|(_, to)| to))
+    }
+}
+
+/// One member's checkpoint.
+#[derive(Default)]
+pub(crate) struct Ckpt {
+    pub(crate) offsets: BTreeMap<u64, Plan>,
+    pub(crate) marks: BTreeMap<u64, Mark>,
+    /// The newest mark before each write, for stale reads.
+    pub(crate) mark_history: Vec<Option<u64>>,
+    /// The state after each batch: good records seen so far.
+    pub(crate) state: BTreeMap<u64, u64>,
 }
 
 /// Everything the processes share.
@@ -182,12 +224,8 @@ pub(crate) struct World {
     pub(crate) injected: Injected,
     /// The source's records so far.
     pub(crate) source: Vec<i64>,
-    pub(crate) offsets: BTreeMap<u64, Plan>,
-    pub(crate) marks: BTreeMap<u64, Mark>,
-    /// The newest mark before each write, for stale reads.
-    pub(crate) mark_history: Vec<Option<u64>>,
-    /// The state after each batch: good records seen so far.
-    pub(crate) state: BTreeMap<u64, u64>,
+    /// Each member's checkpoint (one but in group mode).
+    pub(crate) ckpts: Vec<Ckpt>,
     pub(crate) tables: Vec<Table>,
     /// What happened, when a single schedule is traced.
     pub(crate) trace: Option<Vec<String>>,
@@ -201,6 +239,9 @@ pub(crate) struct Injected {
     pub(crate) failed_calls: u64,
     pub(crate) lost_answers: u64,
     pub(crate) stale_reads: u64,
+    /// Group-mode commits refused because another member moved the
+    /// position first (not a fault: the protocol's own race).
+    pub(crate) superseded: u64,
 }
 
 impl Injected {
@@ -210,6 +251,7 @@ impl Injected {
         self.failed_calls += o.failed_calls;
         self.lost_answers += o.lost_answers;
         self.stale_reads += o.stale_reads;
+        self.superseded += o.superseded;
     }
 }
 
@@ -218,15 +260,12 @@ impl World {
         Self {
             faults_left: cfg.fault_budget,
             tables: vec![Table::default(); cfg.outputs.len()],
+            ckpts: (0..cfg.members()).map(|_| Ckpt::default()).collect(),
             cfg,
             rng,
             mutation,
             injected: Injected::default(),
             source: Vec::new(),
-            offsets: BTreeMap::new(),
-            marks: BTreeMap::new(),
-            mark_history: Vec::new(),
-            state: BTreeMap::new(),
             trace: trace.then(Vec::new),
         }
     }
@@ -247,60 +286,88 @@ impl World {
         }
     }
 
-    /// The newest mark, possibly stale.
-    pub(crate) fn newest_mark(&mut self) -> Option<u64> {
-        let newest = self.marks.keys().next_back().copied();
-        if !self.mark_history.is_empty() && self.rng.chance(self.cfg.stale_per_mille) {
+    /// Member `q`'s newest mark, possibly stale.
+    pub(crate) fn newest_mark(&mut self, q: usize) -> Option<u64> {
+        let newest = self.ckpts[q].marks.keys().next_back().copied();
+        let history = self.ckpts[q].mark_history.len();
+        if history > 0 && self.rng.chance(self.cfg.stale_per_mille) {
             self.injected.stale_reads += 1;
-            let i = self.rng.below(self.mark_history.len() as u64) as usize;
-            return self.mark_history[i];
+            let i = self.rng.below(history as u64) as usize;
+            return self.ckpts[q].mark_history[i];
         }
         newest
     }
 
-    pub(crate) fn write_mark(&mut self, m: Mark) {
-        let newest = self.marks.keys().next_back().copied();
-        self.mark_history.push(newest);
-        self.marks.insert(m.batch_id, m);
+    pub(crate) fn write_mark(&mut self, q: usize, m: Mark) {
+        let c = &mut self.ckpts[q];
+        let newest = c.marks.keys().next_back().copied();
+        c.mark_history.push(newest);
+        c.marks.insert(m.batch_id, m);
     }
 
-    /// The version of table `i` when it holds `batch` for the query,
-    /// reading possibly an older version.
-    pub(crate) fn holds(&mut self, i: usize, batch: u64) -> Option<u64> {
+    /// A version of table `i` a read sees: the newest, or (a stale read)
+    /// an older one.
+    fn seen_version(&mut self, i: usize) -> u64 {
         let now = self.tables[i].version();
-        let seen = if now > 0 && self.rng.chance(self.cfg.stale_per_mille) {
+        if now > 0 && self.rng.chance(self.cfg.stale_per_mille) {
             self.injected.stale_reads += 1;
             self.rng.below(now + 1)
         } else {
             now
-        };
-        match self.tables[i].batch_as_of(seen) {
+        }
+    }
+
+    /// The version of table `i` when it holds `batch` for query `q`,
+    /// reading possibly an older version.
+    pub(crate) fn holds(&mut self, i: usize, q: usize, batch: u64) -> Option<u64> {
+        let seen = self.seen_version(i);
+        match self.tables[i].batch_as_of(seen, q) {
             Some(b) if b >= batch => Some(seen),
             _ => None,
         }
     }
 
-    /// Commit `rows` as the query's batch `batch` to table `i`, atomically
-    /// checking the batch id the table holds (as a Delta commit's `txn`
-    /// check does, against the newest version).
+    /// Group mode: the source position the first table holds, possibly
+    /// stale (0 before any claim).
+    pub(crate) fn position(&mut self) -> usize {
+        let seen = self.seen_version(0);
+        self.tables[0].position_as_of(seen).unwrap_or(0)
+    }
+
+    /// Commit `rows` as query `q`'s batch `batch` to table `i`, atomically
+    /// checking the batch id the table holds for the query (as a Delta
+    /// commit's `txn` check does, against the newest version) and, in group
+    /// mode, that the position is still at the claim's start.
     pub(crate) fn commit(
         &mut self,
         i: usize,
+        q: usize,
         batch: u64,
         rows: Vec<Row>,
+        claim: Option<(usize, usize)>,
     ) -> lakestream_protocol::Committed {
         let t = &mut self.tables[i];
+        let v = t.version();
         if self.mutation != Some(Mutation::SinkIgnoresBatchId)
-            && t.batch_as_of(t.version()).is_some_and(|b| b >= batch)
+            && t.batch_as_of(v, q).is_some_and(|b| b >= batch)
         {
-            return lakestream_protocol::Committed::AlreadyHeld {
-                version: t.version(),
+            return lakestream_protocol::Committed::AlreadyHeld { version: v };
+        }
+        if let Some((from, _)) = claim
+            && self.mutation != Some(Mutation::ClaimsIgnored)
+            && let Some(at) = t.position_as_of(v)
+            && at != from
+        {
+            self.injected.superseded += 1;
+            return lakestream_protocol::Committed::Superseded {
+                reason: format!("the position is at {at}, not at the claim's {from}"),
             };
         }
         t.commits.push(TableCommit {
-            ours: true,
+            query: Some(q),
             batch,
             rows,
+            claim,
         });
         lakestream_protocol::Committed::Written {
             version: t.version(),
