@@ -620,9 +620,22 @@ async fn verify_table(
         }
     }
 
+    check_ranges(view, &by_batch, check, &mut r).await?;
+    check_orphans(&table, &table_url, &commits, strict, options, &mut r).await?;
+    Ok(r)
+}
+
+/// Each batch's ranges in its commit: contiguous per source, equal to
+/// `offsets/N`, and its row counts against its files and `progress/N`.
+async fn check_ranges(
+    view: &CheckpointView,
+    by_batch: &BTreeMap<u64, Vec<&LogCommit>>,
+    check: &TableCheck<'_>,
+    r: &mut Report,
+) -> anyhow::Result<()> {
     // Ranges: contiguous per source, and equal to offsets/N.
     let mut last_end: BTreeMap<String, (u64, Value)> = BTreeMap::new();
-    for (b, cs) in &by_batch {
+    for (b, cs) in by_batch {
         let c = cs[0];
         let Some(l) = c.lakestream().filter(|l| !l.ranges.is_empty()) else {
             // Written before lineage was recorded: nothing to compare.
@@ -703,10 +716,23 @@ async fn verify_table(
         }
     }
 
+    Ok(())
+}
+
+/// Files in the table's directory that no commit references: warnings, or
+/// errors when `strict`.
+async fn check_orphans(
+    table: &DeltaTable,
+    table_url: &str,
+    commits: &[LogCommit],
+    strict: bool,
+    options: &HashMap<String, String>,
+    r: &mut Report,
+) -> anyhow::Result<()> {
     // Orphans: files in the table directory that no commit references.
-    let loc = Location::parse(&table_url, options)?;
+    let loc = Location::parse(table_url, options)?;
     let mut referenced: BTreeSet<String> = BTreeSet::new();
-    for c in &commits {
+    for c in commits {
         referenced.extend(c.adds.iter().map(|(p, _)| p.clone()));
         referenced.extend(c.removes.iter().cloned());
     }
@@ -756,7 +782,7 @@ async fn verify_table(
         }
     }
 
-    Ok(r)
+    Ok(())
 }
 
 /// A short form of an offset for messages.
