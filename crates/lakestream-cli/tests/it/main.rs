@@ -7,6 +7,7 @@ mod backfill;
 mod common;
 mod crash;
 mod dead_letters;
+mod deletion_vectors;
 mod errors;
 mod evolution;
 mod faults;
