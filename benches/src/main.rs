@@ -118,29 +118,19 @@ enum Floor {
     },
 }
 
-/// The `lakestream` binary beside this program: in the same directory, or
-/// one up when this is a test build under `deps/`.
+/// The `lakestream` binary beside this program (cargo builds both into one
+/// directory).
 fn lakestream_beside_me() -> anyhow::Result<PathBuf> {
     let me = std::env::current_exe()?;
-    let dir = me.parent().map(PathBuf::from).unwrap_or_default();
-    let candidates = [
-        dir.join("lakestream"),
-        dir.parent()
-            .map(|d| d.join("lakestream"))
-            .unwrap_or_default(),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "no lakestream binary beside {} to measure: build both with `cargo build \
-                 --profile dist -p lakestream-cli -p lakestream-benches`, or give its path with \
-                 --lakestream",
-                me.display()
-            )
-        })
+    let exe = me.with_file_name("lakestream");
+    exe.is_file().then_some(exe).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no lakestream binary beside {} to measure: build both with `cargo build \
+             --profile dist -p lakestream-cli -p lakestream-benches`, or give its path with \
+             --lakestream",
+            me.display()
+        )
+    })
 }
 
 fn main() -> ExitCode {

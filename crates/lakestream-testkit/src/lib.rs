@@ -176,6 +176,17 @@ pub async fn source_conformance(
     );
 }
 
+/// A finished process's exit code, stdout and stderr as text, for
+/// assertion messages.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// The repository's root directory.
 pub fn repo_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -224,12 +235,6 @@ pub fn run_py_lines(
         .write_all(input.as_bytes())
         .unwrap();
     let o = child.wait_with_output().unwrap();
-    assert!(
-        o.status.success(),
-        "{script}: exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "{script}: {}", output_text(&o));
     String::from_utf8(o.stdout).unwrap()
 }

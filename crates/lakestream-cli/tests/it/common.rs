@@ -20,15 +20,7 @@ pub(crate) fn run_in(dir: &Path, args: &[&str]) -> Output {
         .expect("run lakestream")
 }
 
-/// Text of stdout and stderr for assertion messages.
-pub(crate) fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+pub(crate) use lakestream_testkit::output_text as text;
 
 /// The stderr of `o`, as text.
 pub(crate) fn stderr(o: &Output) -> String {
