@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use datafusion::prelude::{col, lit};
-use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream::delta::{DeltaSink, DeltaSinkOptions};
 use lakestream::source::files::{FileFormat, FileSource, FileSourceOptions};
 use lakestream::{QueryBuilder, Trigger};
 

@@ -16,7 +16,7 @@ use datafusion::prelude::{DataFrame, SessionContext, col, lit};
 use deltalake::DeltaTable;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{DataType, StructField, Transaction};
-use lakestream::sink::delta::{load_table, open_table};
+use lakestream::delta::{load_table, open_table};
 use lakestream::source::files::{FileFormat, FileSource, FileSourceOptions};
 use lakestream::storage::Location;
 use lakestream::{QueryBuilder, Trigger};

@@ -13,7 +13,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use futures::TryStreamExt;
-use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream::delta::{DeltaSink, DeltaSinkOptions};
 use lakestream::sink::{CommitInfo, Sink};
 use lakestream::source::Source;
 use lakestream::source::files::{FileFormat, FileSource, FileSourceOptions};

@@ -461,11 +461,11 @@ async fn verify_table(
     // A table whose features the writer does not keep cannot take more
     // batches, and its rows may not follow its rules.
     let loc = Location::parse(&table_url, options)?;
-    if let Some(features) = lakestream::sink::delta::table_features(&loc).await? {
+    if let Some(features) = lakestream::delta::table_features(&loc).await? {
         for f in &features.features {
             r.features
                 .insert(f.name.clone(), f.support.label().to_string());
-            if let lakestream::sink::delta::features::Support::Refused { reason } = &f.support {
+            if let lakestream::delta::features::Support::Refused { reason } = &f.support {
                 r.errors.push(format!(
                     "table feature {} is not supported by lakestream's writer: {reason}",
                     f.name

@@ -253,7 +253,7 @@ async fn compare(a: &Path, b: &Path) -> anyhow::Result<Option<String>> {
     let ctx = SessionContext::new();
     for (name, path) in [("control", a), ("killed", b)] {
         let loc = Location::parse(&path.display().to_string(), &HashMap::new())?;
-        let table = lakestream::sink::delta::load_table(&loc)
+        let table = lakestream::delta::load_table(&loc)
             .await
             .with_context(|| format!("cannot open the table at {}", path.display()))?
             .with_context(|| format!("no table at {}: the job wrote nothing", path.display()))?;

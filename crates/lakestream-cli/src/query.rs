@@ -105,7 +105,7 @@ async fn register(
     if is_delta {
         // A table that is there but cannot be loaded is an error, never a
         // reason to read its data files raw (they include removed files).
-        let table = lakestream::sink::delta::load_table(&loc)
+        let table = lakestream::delta::load_table(&loc)
             .await
             .with_context(|| format!("cannot open the Delta table {location}"))?;
         if let Some(table) = table {

@@ -25,7 +25,7 @@ pub(crate) async fn load(
     options: &HashMap<String, String>,
 ) -> anyhow::Result<DeltaTable> {
     let loc = Location::parse(url, options)?;
-    lakestream::sink::delta::load_table(&loc)
+    lakestream::delta::load_table(&loc)
         .await
         .with_context(|| format!("cannot open the Delta table at {url}"))?
         .with_context(|| format!("{url} is not a Delta table (no _delta_log)"))
@@ -41,7 +41,7 @@ async fn check_features(
     commit: Option<&str>,
 ) -> anyhow::Result<()> {
     let loc = Location::parse(url, options)?;
-    if let Some(features) = lakestream::sink::delta::table_features(&loc).await? {
+    if let Some(features) = lakestream::delta::table_features(&loc).await? {
         features.check(url)?;
         if let Some(what) = commit {
             features.check_maintenance(url, what)?;

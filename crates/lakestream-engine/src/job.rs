@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
+use lakestream_delta::delta_schema;
 pub use lakestream_job::{
     Error as JobError, InsertDecl, Job, Pos, TableDecl, check_streaming_plan, parse_job, pos_of,
     streaming_plan_problem,
 };
-use lakestream_sink::delta::delta_schema;
 use lakestream_storage::normalize_option_key;
 
 use crate::connectors::{Connectors, table_store_options};
@@ -155,20 +155,23 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
                     Some(out) => format!("{}/_dead_letters_{}", out.trim_end_matches('/'), t.name),
                     None => location.clone(),
                 };
-                let sink = lakestream_sink::delta::DeltaSink::try_new(
-                    &location,
-                    lakestream_sink::delta::DeltaSinkOptions {
-                        storage_options: table_store_options(t, &options.storage_options),
-                        ..Default::default()
-                    },
-                )
-                .map_err(|e| {
-                    job.error(
-                        t.pos,
-                        format!("dead_letter_location {location:?} of {}: {e}", t.name),
+                let sink = options
+                    .connectors
+                    .dead_letter_sink(
+                        &job,
+                        t,
+                        &location,
+                        &options.checkpoint,
+                        &options.storage_options,
                     )
-                })?;
-                builder = builder.dead_letters(&t.name, Arc::new(sink));
+                    .await
+                    .map_err(|e| {
+                        job.error(
+                            t.pos,
+                            format!("dead_letter_location {location:?} of {}: {e}", t.name),
+                        )
+                    })?;
+                builder = builder.dead_letters(&t.name, sink);
             }
         } else {
             builder = register_static(&job, t, builder, &options.storage_options).await?;

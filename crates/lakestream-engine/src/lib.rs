@@ -13,6 +13,7 @@
 //! gracefully and await the end. Only the engine decides retries and order:
 //! sources plan and read, sinks write and commit, the checkpoint records.
 
+pub mod connectors;
 pub mod dead_letter;
 mod driver;
 pub mod for_each;
@@ -32,7 +33,6 @@ use std::time::Duration;
 
 use datafusion::error::DataFusionError;
 
-pub use lakestream_job::connectors;
 pub use lakestream_job::{MAX_DURATION, parse_duration, parse_size};
 pub use progress::{BatchProgress, Durations, OutputProgress, SourceProgress};
 pub use query::{
@@ -43,6 +43,7 @@ pub use stateful::{EventTime, OutputMode, StateProgress};
 pub use static_delta::StaticDeltaTable;
 
 pub use lakestream_checkpoint as checkpoint;
+pub use lakestream_delta as delta;
 pub use lakestream_protocol as protocol;
 pub use lakestream_sink as sink;
 pub use lakestream_source as source;
@@ -102,6 +103,10 @@ pub enum Error {
     /// The job file is invalid.
     #[error(transparent)]
     Job(Box<lakestream_job::Error>),
+    /// A connector registered by the embedding program failed building its
+    /// source or sink (its own error, as it gave it).
+    #[error(transparent)]
+    Connector(Box<dyn std::error::Error + Send + Sync>),
     /// The query cannot run as a stream: no sink, source or SQL was
     /// given, or its shape is refused (what and why in the message).
     #[error("query: {0}")]
@@ -165,8 +170,13 @@ impl From<lakestream_sink::Error> for Error {
 impl From<lakestream_job::Error> for Error {
     fn from(e: lakestream_job::Error) -> Self {
         match e {
-            lakestream_job::Error::Source(e) => Error::Source(e),
-            lakestream_job::Error::Sink(e) => Error::Sink(e),
+            lakestream_job::Error::Connector(e) => match e.downcast::<lakestream_source::Error>() {
+                Ok(e) => Error::Source(e),
+                Err(e) => match e.downcast::<lakestream_sink::Error>() {
+                    Ok(e) => Error::Sink(e),
+                    Err(e) => Error::Connector(e),
+                },
+            },
             lakestream_job::Error::Checkpoint(e) => Error::Checkpoint(e),
             lakestream_job::Error::Storage(e) => Error::Storage(e),
             e @ lakestream_job::Error::Job { .. } => Error::Job(Box::new(e)),

@@ -54,7 +54,7 @@ pub const PROGRESS_EVENTS_BUFFER: usize = 1024;
 /// use std::sync::Arc;
 /// use lakestream_engine::{QueryBuilder, Trigger};
 /// use lakestream_engine::source::generator::{GeneratorOptions, GeneratorSource};
-/// use lakestream_engine::sink::delta::{DeltaSink, DeltaSinkOptions};
+/// use lakestream_engine::delta::{DeltaSink, DeltaSinkOptions};
 ///
 /// let events = Arc::new(GeneratorSource::try_new("events", GeneratorOptions::default())?);
 /// let sink = Arc::new(DeltaSink::try_new("target/out", DeltaSinkOptions::default())?);

@@ -66,7 +66,7 @@ impl std::fmt::Debug for StaticDeltaTable {
 
 /// Load the table at `location` as of `version` (the latest when `None`).
 async fn load(location: &Location, version: Option<u64>) -> Result<DeltaTable, String> {
-    let mut table = lakestream_sink::delta::open_table(location).map_err(|e| e.to_string())?;
+    let mut table = lakestream_delta::open_table(location).map_err(|e| e.to_string())?;
     match version {
         Some(v) => table.load_version(v).await,
         None => table.load().await,

@@ -1,6 +1,5 @@
 //! Jobs: SQL job files parsed with positions, the streaming-shape check,
-//! and the connector registry that turns a job's tables into sources and
-//! a sink.
+//! and what a connector's factory sees of a table declaration.
 //!
 //! A job is a `.sql` file in DataFusion's dialect:
 //!
@@ -16,11 +15,11 @@
 //! shapes that a stateless micro-batch cannot run (an aggregation, sort,
 //! limit or window over a stream, a join of two streams). Every error about
 //! the job carries the line and column in the job file.
-//! [`connectors::Connectors`] maps each `STORED AS` name to a factory with
-//! typed, checked options. The engine (`lakestream-engine`) loads a job
-//! through these and runs it.
+//! [`connector::TableContext`] gives a connector's factory one declaration
+//! with typed, checked options; the engine (`lakestream-engine`) keeps the
+//! registry of factories, loads a job through it and runs it.
 
-pub mod connectors;
+pub mod connector;
 mod parse;
 mod shape;
 mod values;
@@ -70,13 +69,11 @@ pub enum Error {
         /// What is wrong and what to do.
         message: String,
     },
-    /// A source could not be built (its store failed while inferring a
-    /// schema, an invalid client setting).
+    /// A connector could not build its source or sink (its store failed
+    /// while inferring a schema, an invalid client setting): the
+    /// connector's own error, kept whole (the engine recovers its type).
     #[error(transparent)]
-    Source(Box<lakestream_source::Error>),
-    /// A sink could not be built.
-    #[error(transparent)]
-    Sink(Box<lakestream_sink::Error>),
+    Connector(Box<dyn std::error::Error + Send + Sync>),
     /// The checkpoint (where a connector keeps state such as an inferred
     /// schema) failed or is corrupt.
     #[error(transparent)]
@@ -86,16 +83,13 @@ pub enum Error {
     Storage(Box<lakestream_storage::Error>),
 }
 
-impl From<lakestream_source::Error> for Error {
-    fn from(e: lakestream_source::Error) -> Self {
-        Error::Source(Box::new(e))
+impl Error {
+    /// A connector's own error (a source's or sink's), kept whole.
+    pub fn connector(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Error::Connector(Box::new(e))
     }
 }
-impl From<lakestream_sink::Error> for Error {
-    fn from(e: lakestream_sink::Error) -> Self {
-        Error::Sink(Box::new(e))
-    }
-}
+
 impl From<lakestream_checkpoint::Error> for Error {
     fn from(e: lakestream_checkpoint::Error) -> Self {
         Error::Checkpoint(Box::new(e))
@@ -105,6 +99,15 @@ impl From<lakestream_storage::Error> for Error {
     fn from(e: lakestream_storage::Error) -> Self {
         Error::Storage(Box::new(e))
     }
+}
+
+/// A schema as `name type, ...`, for messages.
+pub fn describe_schema(s: &datafusion::arrow::datatypes::Schema) -> String {
+    s.fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The result type of this crate.

@@ -12,15 +12,19 @@
 //!                (files, invisible)             (one Delta commit: adds + txn(query id, N))
 //! ```
 //!
-//! The sink sees a batch id and record batches, never source offsets; it
-//! never retries on its own beyond Delta's optimistic-concurrency rebase.
+//! The sink sees a batch id and record batches, never source offsets; the
+//! only retry it makes on its own is a table format's optimistic-concurrency
+//! rebase over other writers' commits (Delta's).
 //!
-//! Implementations here: [`delta::DeltaSink`] (Delta Lake through delta-rs)
-//! and [`memory::MemorySink`] (batches kept in memory, for tests and
-//! embedders who consume the output themselves).
+//! This crate holds the interface, the [`SinkConnector`] factory a sink is
+//! registered by, and [`memory::MemorySink`] (batches kept in memory, for
+//! tests and embedders who consume the output themselves). The Delta Lake
+//! sink is `lakestream-delta`'s.
 
-pub mod delta;
+mod connector;
 pub mod memory;
+
+pub use connector::SinkConnector;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -121,18 +125,11 @@ pub enum Error {
     Storage(#[from] lakestream_storage::Error),
 }
 
-/// A schema as `name type, ...`, for messages.
-pub fn describe_schema(s: &arrow::datatypes::Schema) -> String {
-    s.fields()
-        .iter()
-        .map(|f| format!("{} {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+pub use lakestream_job::describe_schema;
 
 /// Whether two schemas have the same column names and types, in order
 /// (nullability aside).
-pub(crate) fn same_columns(a: &arrow::datatypes::Schema, b: &arrow::datatypes::Schema) -> bool {
+pub fn same_columns(a: &arrow::datatypes::Schema, b: &arrow::datatypes::Schema) -> bool {
     a.fields().len() == b.fields().len()
         && a.fields()
             .iter()

@@ -18,17 +18,25 @@
 //!   (modification time, path) order.
 //! - [`generator::GeneratorSource`]: deterministic rows from a seed, for
 //!   demos, tests and benchmarks.
-//! - [`delta::DeltaSource`]: a Delta table's snapshot, then its new
-//!   commits (tables chained into pipelines).
 //!
-//! This crate knows nothing of SQL, DataFusion or the table being written.
+//! (Delta tables as sources are `lakestream-delta`'s.)
+//!
+//! Each implementation's factory sits beside it ([`files::connector`],
+//! [`kafka::connector`], [`generator::connector`]): a
+//! [`SourceConnector`] registered under a `STORED AS` name that turns a
+//! job's table declaration into the source. Beyond those factories, this
+//! crate knows nothing of SQL, DataFusion or the table being written.
 
 pub mod avro;
-pub mod delta;
+mod connector;
 pub mod files;
 pub mod generator;
+#[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "kafka")]
 pub mod protobuf;
+
+pub use connector::{SourceConnector, on_error};
 
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -18,7 +18,7 @@
 //! use std::sync::Arc;
 //! use lakestream::{QueryBuilder, Trigger};
 //! use lakestream::source::generator::{GeneratorOptions, GeneratorSource};
-//! use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+//! use lakestream::delta::{DeltaSink, DeltaSinkOptions};
 //!
 //! let events = Arc::new(GeneratorSource::try_new("events", GeneratorOptions::default())?);
 //! let table = Arc::new(DeltaSink::try_new("target/events", DeltaSinkOptions::default())?);
@@ -54,7 +54,7 @@ pub use lakestream_engine::{
     BatchProgress, DEFAULT_MIN_BATCHES_TO_RETAIN, DEFAULT_SNAPSHOT_INTERVAL, Durations, Error,
     ErrorKind, EventTime, FailPoint, MAX_DURATION, Output, OutputMode, OutputProgress,
     PROGRESS_EVENTS_BUFFER, QueryBuilder, QueryHandle, QuerySummary, Result, SourceProgress,
-    StateProgress, StopHandle, Trigger, checkpoint, connectors, job, lineage, metrics,
+    StateProgress, StopHandle, Trigger, checkpoint, connectors, delta, job, lineage, metrics,
     parse_duration, parse_size, sink, source, state, storage,
 };
 

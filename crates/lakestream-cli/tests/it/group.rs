@@ -49,7 +49,7 @@ fn spawn(dir: &std::path::Path, i: usize) -> Child {
         ])
         .env(
             "LAKESTREAM_LOG",
-            "warn,lakestream_source=info,lakestream_sink=info,lakestream_engine=info,\
+            "warn,lakestream_source=info,lakestream_delta=info,lakestream_engine=info,\
              buoyant_kernel::snapshot::builder=off",
         )
         .stdout(Stdio::null())

@@ -139,7 +139,7 @@ impl Driver {
                 ..
             } = source.as_ref()
         {
-            let state = lakestream_job::connectors::files::schema_to_json(schema);
+            let state = lakestream_source::files::connector::schema_to_json(schema);
             self.ckpt
                 .replace_source_state(source_name, "schema", state)
                 .await?;

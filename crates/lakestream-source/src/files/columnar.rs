@@ -8,7 +8,7 @@ use super::*;
 /// stream of record batches of `batch_size` rows, with the file's schema;
 /// the error is the reader's message.
 #[allow(deprecated)]
-pub(crate) async fn open_parquet(
+pub async fn open_parquet(
     store: Arc<dyn ObjectStore>,
     path: object_store::path::Path,
     size: u64,

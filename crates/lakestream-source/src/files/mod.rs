@@ -61,6 +61,8 @@ use crate::{
 use lakestream_storage::Location;
 
 pub(crate) mod columnar;
+pub mod connector;
+pub use columnar::open_parquet;
 pub(crate) mod decode;
 mod list;
 mod seen;

@@ -40,12 +40,14 @@ use crate::{
     BatchStream, Error, Offset, Result, Skipped, Source, SourceIdentity, require_positive,
 };
 
+pub mod connector;
 mod decode;
 mod formats;
 mod group;
 mod plan;
 mod read;
 pub mod registry;
+mod settings;
 
 use decode::*;
 use plan::*;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::AsArray;
-use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream::delta::{DeltaSink, DeltaSinkOptions};
 use lakestream::source::generator::{GeneratorOptions, GeneratorSource};
 use lakestream::{Error, FailPoint, QueryBuilder, Trigger};
 

@@ -23,7 +23,7 @@ pub(crate) fn available_now_shared(
     table: &str,
     ckpt: &str,
 ) -> lakestream::QueryBuilder {
-    use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+    use lakestream::delta::{DeltaSink, DeltaSinkOptions};
     lakestream::QueryBuilder::new()
         .source(source)
         .unwrap()

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream::delta::{DeltaSink, DeltaSinkOptions};
 use lakestream::sink::memory::MemorySink;
 use lakestream::sink::{CommitInfo, CommitOutcome, Sink};
 use lakestream_testkit::sink::{
@@ -199,10 +199,7 @@ impl SinkTarget for DeltaTarget {
 
     async fn values(&self) -> Vec<i64> {
         let location = lakestream::storage::Location::parse(&self.url, &self.options).unwrap();
-        let Some(table) = lakestream::sink::delta::load_table(&location)
-            .await
-            .unwrap()
-        else {
+        let Some(table) = lakestream::delta::load_table(&location).await.unwrap() else {
             return Vec::new();
         };
         let ctx = datafusion::prelude::SessionContext::new();

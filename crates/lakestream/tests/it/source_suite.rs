@@ -104,7 +104,7 @@ async fn files_on_s3_pass_the_source_suite() {
 async fn delta_table(path: &std::path::Path, commits: i64) {
     use arrow::array::Int64Array;
     use arrow::record_batch::RecordBatch;
-    use lakestream::sink::delta::{DeltaSink, DeltaSinkOptions};
+    use lakestream::delta::{DeltaSink, DeltaSinkOptions};
     use lakestream::sink::{CommitInfo, Sink};
     let sink = DeltaSink::try_new(path.to_str().unwrap(), DeltaSinkOptions::default()).unwrap();
     sink.open(id_schema()).await.unwrap();
@@ -128,7 +128,7 @@ async fn delta_table(path: &std::path::Path, commits: i64) {
 
 #[tokio::test]
 async fn a_delta_table_passes_the_source_suite() {
-    use lakestream::source::delta::{DeltaSource, DeltaSourceOptions};
+    use lakestream::delta::{DeltaSource, DeltaSourceOptions};
     let dir = tempfile::tempdir().unwrap();
     let (input, empty) = (dir.path().join("in"), dir.path().join("empty"));
     delta_table(&input, 7).await;

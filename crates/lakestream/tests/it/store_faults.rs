@@ -295,7 +295,7 @@ fn query(url: &str) -> QueryBuilder {
 async fn id_counts(url: &str) -> BTreeMap<i64, usize> {
     let loc =
         lakestream::storage::Location::parse(&format!("{url}table/"), &Default::default()).unwrap();
-    let table = lakestream::sink::delta::load_table(&loc)
+    let table = lakestream::delta::load_table(&loc)
         .await
         .unwrap()
         .expect("a table");

@@ -83,7 +83,7 @@ impl Inner {
     }
 
     pub(super) async fn snapshot_files(&self, version: u64) -> Result<Vec<DataFile>> {
-        let mut table = lakestream_sink::delta::open_table(&self.location)
+        let mut table = crate::sink::open_table(&self.location)
             .map_err(|e| self.err("cannot open the table", e))?;
         table.load_version(version).await.map_err(|e| {
             self.err(
@@ -477,7 +477,7 @@ impl Inner {
         };
         let change = file.change.clone();
         let (file_schema, stream) =
-            crate::files::columnar::open_parquet(store, path, size, batch_size)
+            lakestream_source::files::open_parquet(store, path, size, batch_size)
                 .await
                 .map_err(malformed)?;
         let parts: Vec<(usize, Option<String>)> = schema

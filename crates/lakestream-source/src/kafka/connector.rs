@@ -4,20 +4,19 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use lakestream_source::Source;
-use lakestream_source::avro::{as_record, project_reader_schema};
-use lakestream_source::kafka::registry::{
-    AvroValues, ProtobufValues, RegistryOptions, SchemaRegistry,
-};
-use lakestream_source::kafka::{
+use crate::Source;
+use crate::avro::{as_record, project_reader_schema};
+use crate::kafka::registry::{AvroValues, ProtobufValues, RegistryOptions, SchemaRegistry};
+use crate::kafka::{
     EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, KeyFormat,
     RESERVED_CLIENT_KEYS, StartingOffsets, Topics, ValueFormat,
 };
+use async_trait::async_trait;
 
 use super::settings::{expand_env, read_properties};
-use super::{SourceConnector, TableContext};
-use crate::{Error, Result};
+use crate::SourceConnector;
+use lakestream_job::connector::TableContext;
+use lakestream_job::{Error, Result};
 
 /// Builds [`KafkaSource`]s from `LOCATION 'kafka://HOST:PORT[,...]/TOPIC[,...]'`
 /// and the options below; `kafka.*` keys go to librdkafka (the source
@@ -139,7 +138,7 @@ impl SourceConnector for KafkaConnector {
                     ));
                 };
                 KeyFormat::Json(
-                    crate::parse_columns(cols)
+                    lakestream_job::parse_columns(cols)
                         .await
                         .map_err(|m| err(format!("option key_columns {cols:?}: {m}")))?,
                 )
@@ -240,7 +239,7 @@ impl SourceConnector for KafkaConnector {
         if let Some(b) = ctx.count("batch_size")? {
             o.batch_size = b;
         }
-        o.on_error = ctx.on_error()?;
+        o.on_error = crate::on_error(ctx)?;
         if let Some(v) = ctx.option("partitions") {
             let parsed: Option<std::collections::BTreeSet<i32>> = v
                 .split(',')
@@ -530,7 +529,7 @@ async fn protobuf_columns(
     registry: &SchemaRegistry,
 ) -> Result<arrow::datatypes::SchemaRef> {
     let t = ctx.table();
-    super::files::pinned_columns(ctx, async {
+    crate::files::connector::pinned_columns(ctx, async {
         let subject = match (ctx.option("value_subject"), &o.topics) {
             (Some(s), _) => s.to_string(),
             (None, Topics::List(topics)) if topics.len() == 1 => format!("{}-value", topics[0]),
@@ -544,8 +543,8 @@ async fn protobuf_columns(
             }
         };
         let file = registry.latest_protobuf(&t.name, &subject).await?;
-        lakestream_source::protobuf::message_of(&file, ctx.option("value_message"))
-            .and_then(|m| lakestream_source::protobuf::arrow_schema(&m))
+        crate::protobuf::message_of(&file, ctx.option("value_message"))
+            .and_then(|m| crate::protobuf::arrow_schema(&m))
             .map_err(|m| ctx.error(format!("{} (subject {subject}): {m}", t.name)))
     })
     .await

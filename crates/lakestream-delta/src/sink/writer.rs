@@ -63,7 +63,7 @@ pub(super) struct DeltaBatchWriter {
     /// The table's rules each row must keep (`None`: it has none).
     pub(super) rules: Option<Arc<super::rules::TableRules>>,
     /// The rows that broke one, left out of the files.
-    pub(super) violations: Vec<crate::Violation>,
+    pub(super) violations: Vec<lakestream_sink::Violation>,
 }
 
 impl DeltaBatchWriter {

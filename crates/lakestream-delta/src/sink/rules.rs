@@ -27,7 +27,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use super::*;
-use crate::{RuleKind, Violation};
+use lakestream_sink::{RuleKind, Violation};
 
 /// One rule, compiled against the written columns.
 #[derive(Debug)]

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lakestream_sink::Sink;
-use lakestream_sink::delta::{DeltaSink, DeltaSinkOptions};
+use lakestream_job::Result;
+use lakestream_job::connector::TableContext;
+use lakestream_sink::{Sink, SinkConnector};
+use lakestream_source::{Source, SourceConnector};
 
-use super::{SinkConnector, TableContext};
-use crate::Result;
+use crate::{DeltaSink, DeltaSinkOptions, DeltaSource, DeltaSourceOptions};
 
 /// Builds [`DeltaSink`]s: `target_file_size`, `unordered_flush_size`,
 /// `compression`, `auto_compact_every`, `checkpoint_interval`, `merge_schema`;
@@ -72,7 +73,7 @@ impl SinkConnector for DeltaConnector {
     }
 }
 
-/// Builds [`DeltaSource`](lakestream_source::delta::DeltaSource)s for
+/// Builds [`DeltaSource`]s for
 /// `UNBOUNDED` tables `STORED AS DELTA`: `starting_version`,
 /// `starting_timestamp`,
 /// `max_files_per_trigger`, `max_bytes_per_trigger`,
@@ -83,7 +84,7 @@ impl SinkConnector for DeltaConnector {
 pub struct DeltaSourceConnector;
 
 #[async_trait]
-impl super::SourceConnector for DeltaSourceConnector {
+impl SourceConnector for DeltaSourceConnector {
     fn options(&self) -> &'static [&'static str] {
         &[
             "starting_version",
@@ -96,8 +97,7 @@ impl super::SourceConnector for DeltaSourceConnector {
         ]
     }
 
-    async fn create(&self, ctx: &TableContext<'_>) -> Result<Arc<dyn lakestream_source::Source>> {
-        use lakestream_source::delta::{DeltaSource, DeltaSourceOptions};
+    async fn create(&self, ctx: &TableContext<'_>) -> Result<Arc<dyn Source>> {
         let t = ctx.table();
         let mut o = DeltaSourceOptions {
             storage_options: ctx.store_options(),
@@ -133,7 +133,6 @@ impl super::SourceConnector for DeltaSourceConnector {
         }
         let source = DeltaSource::try_new(&t.name, &t.location, o).await?;
         if let Some(declared) = &t.schema {
-            use lakestream_source::Source;
             let actual = source.schema();
             let names = |s: &arrow::datatypes::Schema| {
                 s.fields()

@@ -4,15 +4,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::Source;
+use crate::files::{FileFormat, FileSource, FileSourceOptions, MissingFiles, TextCompression};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
-use lakestream_source::Source;
-use lakestream_source::files::{
-    FileFormat, FileSource, FileSourceOptions, MissingFiles, TextCompression,
-};
 
-use super::{SourceConnector, TableContext};
-use crate::{Error, Result};
+use crate::SourceConnector;
+use lakestream_job::connector::TableContext;
+use lakestream_job::{Error, Result};
 
 /// Builds [`FileSource`]s; the format is the `STORED AS` name.
 #[derive(Debug, Default)]
@@ -86,7 +85,7 @@ impl SourceConnector for FilesConnector {
             fo.read_concurrency = n;
         }
         if let Some(v) = ctx.option("max_file_age") {
-            let d = crate::parse_duration(v)
+            let d = lakestream_job::parse_duration(v)
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| {
                     ctx.error(format!(
@@ -105,9 +104,9 @@ impl SourceConnector for FilesConnector {
                 ))
             })?;
         }
-        fo.on_error = ctx.on_error()?;
+        fo.on_error = crate::on_error(ctx)?;
         if let Some(v) = ctx.option("shard") {
-            fo.shard = Some(lakestream_source::files::Shard::parse(v).ok_or_else(|| {
+            fo.shard = Some(crate::files::Shard::parse(v).ok_or_else(|| {
                 ctx.error(format!(
                     "option shard of {}: {v:?} is not a shard; give 'i/n' with 0 <= i < n, \
                      e.g. '0/4' .. '3/4' for four processes",

@@ -2,14 +2,14 @@
 
 use std::sync::Arc;
 
+use crate::Source;
+use crate::generator::{GeneratorOptions, GeneratorSource};
+use arrow::datatypes::{DataType, Schema, TimeUnit};
 use async_trait::async_trait;
-use lakestream_sink::delta::delta_schema;
-use lakestream_source::Source;
-use lakestream_source::generator::{GeneratorOptions, GeneratorSource};
 
-use super::{SourceConnector, TableContext};
-use crate::Result;
-use lakestream_sink::describe_schema;
+use crate::SourceConnector;
+use lakestream_job::Result;
+use lakestream_job::connector::TableContext;
 
 /// Builds [`GeneratorSource`]s: `rows` (default 1000 when no rate is
 /// given), `rows_per_second`, `seed`, `max_rows_per_trigger`, `batch_size`.
@@ -47,13 +47,32 @@ impl SourceConnector for GeneratorConnector {
         }
         let source = GeneratorSource::try_new(&t.name, g)?;
         if let Some(declared) = &t.schema
-            && delta_schema(declared) != delta_schema(&source.schema())
+            && !same_declared_columns(declared, &source.schema())
         {
             return Err(ctx.error(format!(
                 "a GENERATOR table has the columns ({}); declare those or none",
-                describe_schema(&source.schema())
+                lakestream_job::describe_schema(&source.schema())
             )));
         }
         Ok(Arc::new(source))
     }
+}
+
+/// Whether `declared` names the generator's columns, in order, with their
+/// types as a declaration can spell them (any string type for a string,
+/// any timestamp for the UTC microsecond timestamp).
+fn same_declared_columns(declared: &Schema, actual: &Schema) -> bool {
+    fn loose(t: &DataType) -> DataType {
+        match t {
+            DataType::Timestamp(_, _) => DataType::Timestamp(TimeUnit::Microsecond, None),
+            DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+            other => other.clone(),
+        }
+    }
+    declared.fields().len() == actual.fields().len()
+        && declared
+            .fields()
+            .iter()
+            .zip(actual.fields())
+            .all(|(d, a)| d.name() == a.name() && loose(d.data_type()) == loose(a.data_type()))
 }

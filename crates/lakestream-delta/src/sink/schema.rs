@@ -234,7 +234,7 @@ mod tests {
                 true,
             )])
         };
-        assert!(crate::same_columns(
+        assert!(lakestream_sink::same_columns(
             &delta_schema(&list("item")),
             &delta_schema(&list("element"))
         ));
@@ -258,7 +258,7 @@ mod tests {
                 true,
             )])
         };
-        assert!(crate::same_columns(
+        assert!(lakestream_sink::same_columns(
             &delta_schema(&map("entries", false)),
             &delta_schema(&map("key_value", true))
         ));

@@ -47,9 +47,9 @@ impl DeltaSink {
         loaded: &Loaded,
         query_id: &str,
         batch: i64,
-    ) -> Result<Option<crate::CommitOutcome>> {
+    ) -> Result<Option<lakestream_sink::CommitOutcome>> {
         Ok(match self.txn_version(loaded, query_id).await? {
-            Some(v) if v >= batch => Some(crate::CommitOutcome::AlreadyCommitted {
+            Some(v) if v >= batch => Some(lakestream_sink::CommitOutcome::AlreadyCommitted {
                 version: self.head(loaded).unwrap_or_default(),
             }),
             _ => None,
@@ -64,7 +64,7 @@ impl DeltaSink {
         loaded: &mut Loaded,
         query_id: &str,
         batch: i64,
-    ) -> Result<Option<crate::CommitOutcome>> {
+    ) -> Result<Option<lakestream_sink::CommitOutcome>> {
         self.retries
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.refresh(loaded).await?;

@@ -48,7 +48,7 @@ use lakestream_storage::Location;
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
-use crate::{Backlog, BatchStream, Error, Offset, Result, Source, SourceIdentity};
+use lakestream_source::{Backlog, BatchStream, Error, Offset, Result, Source, SourceIdentity};
 
 /// Options of a [`DeltaSource`].
 #[derive(Debug, Clone)]
@@ -239,8 +239,12 @@ impl DeltaSource {
                 source,
             }
         })?;
-        crate::require_positive(name, "max_files_per_trigger", options.max_files_per_trigger)?;
-        let table = lakestream_sink::delta::load_table(&location)
+        lakestream_source::require_positive(
+            name,
+            "max_files_per_trigger",
+            options.max_files_per_trigger,
+        )?;
+        let table = crate::sink::load_table(&location)
             .await
             .map_err(|e| delta_err(name, &location, "cannot load the table", e))?
             .ok_or_else(|| Error::Delta {

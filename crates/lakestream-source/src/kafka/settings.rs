@@ -12,7 +12,7 @@ use std::path::Path;
 /// `value` of option `key` with every `${env:NAME}` replaced by the
 /// environment variable `NAME`. An unset (or non-UTF-8) variable is an
 /// error naming it and the option. `$${` stands for a literal `${`.
-pub fn expand_env(key: &str, value: &str) -> Result<String, String> {
+pub(super) fn expand_env(key: &str, value: &str) -> Result<String, String> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(at) = rest.find("${") {
@@ -69,7 +69,7 @@ pub fn expand_env(key: &str, value: &str) -> Result<String, String> {
 /// `java.util.Properties`: `#` and `!` comments, `=`, `:` or white space
 /// between key and value, a trailing `\` continuing a line, and `\`
 /// escapes (`\t`, `\n`, `\uXXXX`, `\=`, ...).
-pub fn read_properties(path: &Path) -> Result<Vec<(String, String)>, String> {
+pub(super) fn read_properties(path: &Path) -> Result<Vec<(String, String)>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the properties file {}: {e}", path.display()))?;
     parse_properties(&text).map_err(|(line, msg)| format!("{}:{line}: {msg}", path.display()))

@@ -5,6 +5,8 @@
 //! rows become available over time, like a live stream; without it all
 //! `rows` are available at once.
 
+pub mod connector;
+
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -51,7 +51,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use tokio::sync::Mutex;
 
-use crate::{
+use lakestream_sink::{
     BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged, WriteMode, describe_schema,
 };
 use lakestream_storage::Location;

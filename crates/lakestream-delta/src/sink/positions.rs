@@ -10,7 +10,7 @@
 //! check) is never used for a commit with claims.
 
 use super::*;
-use crate::{CommitOutcome, PositionClaim};
+use lakestream_sink::{CommitOutcome, PositionClaim};
 
 /// The positions known as of one table version: `None` for an app id the
 /// table never recorded.

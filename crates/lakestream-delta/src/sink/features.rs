@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use buoyant_kernel::schema::{ColumnMetadataKey, StructType};
 
-use crate::{Error, Result, WriteMode};
+use lakestream_sink::{Error, Result, WriteMode};
 
 /// How this sink handles one table feature.
 #[derive(Debug, Clone, PartialEq, Eq)]

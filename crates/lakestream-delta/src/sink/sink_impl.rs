@@ -84,9 +84,9 @@ impl Sink for DeltaSink {
                 .collect::<Vec<_>>(),
         );
         let mut computes_columns = false;
-        let evolution = if crate::same_columns(&have, &wanted) {
+        let evolution = if lakestream_sink::same_columns(&have, &wanted) {
             None
-        } else if !omitted.is_empty() && crate::same_columns(&without_omitted, &wanted) {
+        } else if !omitted.is_empty() && lakestream_sink::same_columns(&without_omitted, &wanted) {
             computes_columns = true;
             None
         } else if self.options.merge_schema {

@@ -1,0 +1,212 @@
+//! The connector registry: which `STORED AS` name makes which source or
+//! sink of a job file.
+//!
+//! Each connector registers a factory under its `STORED AS` name (upper
+//! case): a [`SourceConnector`] for `UNBOUNDED` tables, a
+//! [`SinkConnector`] for output tables (`INSERT` targets and dead-letter
+//! tables). Each factory lives beside the implementation it builds, in its
+//! connector's crate. Before a factory runs, the registry refuses options the
+//! connector does not list ([`TableContext::check_options`]): a typo must
+//! never change a job silently.
+//!
+//! The built-in connectors ([`Connectors::builtin`]): `JSON`, `CSV`,
+//! `PARQUET`, `AVRO` (files), `KAFKA` (with the `kafka` feature),
+//! `GENERATOR` and `DELTA` as sources; `DELTA` as the sink. An embedding
+//! program adds its own with [`Connectors::register_source`] /
+//! [`Connectors::register_sink`] and runs jobs with them through
+//! [`JobOptions::connectors`](crate::job::JobOptions::connectors).
+//! Static tables (not `UNBOUNDED`, not an output) are DataFusion's: any
+//! format it reads, or `DELTA`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+pub use lakestream_job::connector::{TableContext, is_storage_key, table_store_options};
+pub use lakestream_job::{Error, Result};
+pub use lakestream_sink::SinkConnector;
+pub use lakestream_source::SourceConnector;
+
+use lakestream_job::{Job, TableDecl};
+use lakestream_sink::Sink;
+use lakestream_source::Source;
+
+/// The connectors a job can name, keyed by `STORED AS`.
+#[derive(Clone)]
+pub struct Connectors {
+    sources: BTreeMap<String, Arc<dyn SourceConnector>>,
+    sinks: BTreeMap<String, Arc<dyn SinkConnector>>,
+}
+
+impl std::fmt::Debug for Connectors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connectors")
+            .field("sources", &self.sources.keys().collect::<Vec<_>>())
+            .field("sinks", &self.sinks.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Default for Connectors {
+    fn default() -> Self {
+        Self::builtin()
+    }
+}
+
+impl Connectors {
+    /// No connector at all.
+    pub fn empty() -> Self {
+        Self {
+            sources: BTreeMap::new(),
+            sinks: BTreeMap::new(),
+        }
+    }
+
+    /// The connectors lakestream ships: files (`JSON`, `CSV`, `PARQUET`, `AVRO`),
+    /// `KAFKA` (with the `kafka` feature), `GENERATOR` and `DELTA` sources,
+    /// the `DELTA` sink.
+    pub fn builtin() -> Self {
+        use lakestream_source::{files, generator};
+        let mut c = Self::empty();
+        for format in ["JSON", "CSV", "PARQUET", "AVRO"] {
+            c.register_source(format, Arc::new(files::connector::FilesConnector));
+        }
+        #[cfg(feature = "kafka")]
+        c.register_source(
+            "KAFKA",
+            Arc::new(lakestream_source::kafka::connector::KafkaConnector),
+        );
+        c.register_source(
+            "GENERATOR",
+            Arc::new(generator::connector::GeneratorConnector),
+        );
+        c.register_source("DELTA", Arc::new(lakestream_delta::DeltaSourceConnector));
+        c.register_sink("DELTA", Arc::new(lakestream_delta::DeltaConnector));
+        c
+    }
+
+    /// Make `STORED AS name` (any case) on an `UNBOUNDED` table build its
+    /// source with `connector`, replacing a connector of that name.
+    pub fn register_source(&mut self, name: &str, connector: Arc<dyn SourceConnector>) {
+        self.sources.insert(name.to_ascii_uppercase(), connector);
+    }
+
+    /// Make `STORED AS name` (any case) on the `INSERT` target build its
+    /// sink with `connector`, replacing a connector of that name.
+    pub fn register_sink(&mut self, name: &str, connector: Arc<dyn SinkConnector>) {
+        self.sinks.insert(name.to_ascii_uppercase(), connector);
+    }
+
+    /// The source of the `UNBOUNDED` table `t` of `job`, for a run
+    /// checkpointed at `checkpoint` with the job's `storage_options`.
+    pub async fn source(
+        &self,
+        job: &Job,
+        t: &TableDecl,
+        checkpoint: &str,
+        storage_options: &HashMap<String, String>,
+    ) -> Result<Arc<dyn Source>> {
+        let ctx = TableContext::new(job, t, checkpoint, storage_options);
+        let Some(c) = self.sources.get(&t.format) else {
+            return Err(ctx.error(format!(
+                "STORED AS {} is not supported for a stream (UNBOUNDED table {}); use {}",
+                t.format,
+                t.name,
+                one_of(self.sources.keys())
+            )));
+        };
+        let allowed: Vec<&str> = c.options().iter().chain(STREAM_OPTIONS).copied().collect();
+        ctx.check_options(&allowed, c.passthrough_prefix())?;
+        c.create(&ctx).await
+    }
+
+    /// The sink of the `INSERT` target `t` of `job` (see
+    /// [`Connectors::source`]).
+    pub async fn sink(
+        &self,
+        job: &Job,
+        t: &TableDecl,
+        checkpoint: &str,
+        storage_options: &HashMap<String, String>,
+    ) -> Result<Arc<dyn Sink>> {
+        let ctx = TableContext::new(job, t, checkpoint, storage_options);
+        let Some(c) = self.sinks.get(&t.format) else {
+            return Err(ctx.error(format!(
+                "the output table {} must be STORED AS {}",
+                t.name,
+                one_of(self.sinks.keys())
+            )));
+        };
+        if t.unbounded {
+            return Err(ctx.error(format!("the output table {} cannot be UNBOUNDED", t.name)));
+        }
+        let allowed: Vec<&str> = c.options().iter().chain(OUTPUT_OPTIONS).copied().collect();
+        ctx.check_options(&allowed, None)?;
+        c.create(&ctx).await
+    }
+}
+
+/// The format of every dead-letter table (`dead_letter_location`).
+pub const DEAD_LETTER_FORMAT: &str = "DELTA";
+
+impl Connectors {
+    /// The sink of the dead-letter table of stream table `t` at `location`
+    /// (its `dead_letter_location`, or a scratch location under a test
+    /// run's output): the `DELTA` sink connector's, with `t`'s storage
+    /// options, as if declared by `t`.
+    pub async fn dead_letter_sink(
+        &self,
+        job: &Job,
+        t: &TableDecl,
+        location: &str,
+        checkpoint: &str,
+        storage_options: &HashMap<String, String>,
+    ) -> Result<Arc<dyn Sink>> {
+        let decl = TableDecl {
+            name: format!("{}_dead_letters", t.name),
+            format: DEAD_LETTER_FORMAT.into(),
+            location: location.into(),
+            schema: None,
+            options: t
+                .options
+                .iter()
+                .filter(|(k, _)| is_storage_key(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            unbounded: false,
+            partition_cols: Vec::new(),
+            statement: t.statement.clone(),
+            pos: t.pos,
+        };
+        self.sink(job, &decl, checkpoint, storage_options).await
+    }
+}
+
+/// Options every stream table takes, whatever its connector: its event
+/// time column and watermark delay (read by the engine).
+pub const STREAM_OPTIONS: &[&str] = &["event_time", "watermark_delay"];
+
+/// Options every output table takes, whatever its connector: when an
+/// aggregation's groups are written (read by the engine).
+pub const OUTPUT_OPTIONS: &[&str] = &["output_mode"];
+
+/// `A`, `A or B`, `A, B or C`.
+fn one_of<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    let names: Vec<&str> = names.map(String::as_str).collect();
+    match names.split_last() {
+        None => "a registered connector (none is registered)".into(),
+        Some((last, [])) => (*last).to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connector_lists_read_as_prose() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(one_of(names(&["DELTA"]).iter()), "DELTA");
+        assert_eq!(one_of(names(&["A", "B", "C"]).iter()), "A, B or C");
+    }
+}
