@@ -107,6 +107,13 @@ impl Connectors {
     ) -> Result<Arc<dyn Source>> {
         let ctx = TableContext::new(job, t, checkpoint, storage_options);
         let Some(c) = self.sources.get(&t.format) else {
+            if cfg!(not(feature = "kafka")) && t.format == "KAFKA" {
+                return Err(ctx.error(format!(
+                    "STORED AS KAFKA (table {}) needs lakestream built with the `kafka` cargo \
+                     feature (on by default; this build was made without it)",
+                    t.name
+                )));
+            }
             return Err(ctx.error(format!(
                 "STORED AS {} is not supported for a stream (UNBOUNDED table {}); use {}",
                 t.format,
