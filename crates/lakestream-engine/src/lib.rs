@@ -10,8 +10,11 @@
 //! Build a query with [`QueryBuilder`] (sources, SQL or a DataFrame, a sink,
 //! a checkpoint, a trigger), or from a SQL job file with [`job::load_job`];
 //! [`QueryBuilder::start`] returns a [`QueryHandle`] to watch progress, stop
-//! gracefully and await the end. Only the engine decides retries and order:
-//! sources plan and read, sinks write and commit, the checkpoint records.
+//! gracefully and await the end. The engine decides the order and when a
+//! batch runs again: sources plan and read, sinks write and commit (a sink
+//! retries only a commit that lost the race for the table's next version),
+//! the checkpoint records. [`connectors::Connectors`] turns a job's tables
+//! into sources and sinks.
 
 pub mod connectors;
 pub mod dead_letter;
