@@ -13,12 +13,13 @@
 //! before its put returns, so a commit is durable before `commits/N`. A
 //! data file's `fsync` starts in the background as its put (or multipart
 //! upload) completes, so a writer encodes its next file while the disk
-//! syncs the last one; every put under `_delta_log/`, in any store of the
-//! process, first waits for all of them, so the data files are durable
-//! before a commit that names them becomes visible. A data file that
-//! cannot be synced fails that commit and every later one of the process
-//! (the disk may have dropped its pages): a restart replays the batch into
-//! new files.
+//! syncs the last one; every put under a table's `_delta_log/`, in any
+//! store of the process, first waits for those under that table's
+//! directory, so the data files are durable before a commit that names them
+//! becomes visible. A data file that cannot be synced fails that commit and
+//! every later one of its table in this process (the disk may have dropped
+//! its pages): a restart replays the batch into new files. Other tables'
+//! commits neither wait for it nor fail because of it.
 //! Puts and upload parts are written in pieces of at most
 //! [`WRITE_PIECE`] bytes: on Linux 6.18 (ext4) a backfill that wrote
 //! each Parquet file in one `write` spent 0.25-0.34 s of system time in
@@ -82,11 +83,23 @@ fn in_log(location: &Path) -> bool {
 }
 
 /// The data files of the process whose background `fsync` has not been
-/// waited for, and the first that failed, if any (see the module docs).
+/// waited for, and those that failed, with the message (see the module
+/// docs).
 #[derive(Default)]
 struct Syncing {
     running: Vec<(Path, tokio::task::JoinHandle<std::io::Result<()>>)>,
-    failed: Option<String>,
+    failed: Vec<(Path, String)>,
+}
+
+/// The directory of the table whose log holds `log_file`
+/// (`a/t/_delta_log/00.json` → `a/t`).
+fn table_dir(log_file: &Path) -> Path {
+    Path::from_iter(log_file.parts().take_while(|p| p.as_ref() != "_delta_log"))
+}
+
+/// True when `file` lies under directory `dir`.
+fn under(file: &Path, dir: &Path) -> bool {
+    file.prefix_match(dir).is_some()
 }
 
 fn syncing() -> &'static std::sync::Mutex<Syncing> {
@@ -113,20 +126,25 @@ fn push_sync(
         .push((location.clone(), task));
 }
 
-/// Wait until every data file whose sync has started is on disk. A file
-/// removed meanwhile is no longer needed; any other failure fails this
-/// wait and every later one.
-async fn data_files_synced() -> Result<()> {
-    wait_for(syncing()).await
+/// Wait until every data file of the table whose log holds `log_file`
+/// (whose sync has started) is on disk. A file removed meanwhile is no
+/// longer needed; any other failure fails this wait and every later one of
+/// that table.
+async fn data_files_synced(log_file: &Path) -> Result<()> {
+    wait_for(syncing(), &table_dir(log_file)).await
 }
 
-async fn wait_for(state: &std::sync::Mutex<Syncing>) -> Result<()> {
+async fn wait_for(state: &std::sync::Mutex<Syncing>, table: &Path) -> Result<()> {
     let running = {
         let mut s = state.lock().expect("syncing data files");
-        if let Some(failed) = &s.failed {
+        if let Some((_, failed)) = s.failed.iter().find(|(f, _)| under(f, table)) {
             return Err(sync_failed(failed.clone()));
         }
-        std::mem::take(&mut s.running)
+        let (mine, others) = std::mem::take(&mut s.running)
+            .into_iter()
+            .partition(|(f, _)| under(f, table));
+        s.running = others;
+        mine
     };
     for (location, task) in running {
         let outcome = match task.await {
@@ -140,7 +158,11 @@ async fn wait_for(state: &std::sync::Mutex<Syncing>) -> Result<()> {
              can be made durable: stop the query, check the disk, and start it again (the batch \
              is replayed into new files)"
         );
-        state.lock().expect("syncing data files").failed = Some(failed.clone());
+        state
+            .lock()
+            .expect("syncing data files")
+            .failed
+            .push((location, failed.clone()));
         return Err(sync_failed(failed));
     }
     Ok(())
@@ -169,7 +191,7 @@ impl MultipartUpload for SyncedUpload {
 
     async fn complete(&mut self) -> Result<PutResult> {
         if in_log(&self.location) {
-            data_files_synced().await?;
+            data_files_synced(&self.location).await?;
             let r = self.inner.complete().await?;
             sync(&self.location).await?;
             Ok(r)
@@ -286,7 +308,7 @@ impl ObjectStore for FastLocalStore {
     ) -> Result<PutResult> {
         let payload = in_pieces(payload);
         if in_log(location) {
-            data_files_synced().await?;
+            data_files_synced(location).await?;
             let r = self.inner.put_opts(location, payload, opts).await?;
             sync(location).await?;
             Ok(r)
@@ -364,14 +386,14 @@ impl ObjectStore for FastLocalStore {
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
         if in_log(to) {
-            data_files_synced().await?;
+            data_files_synced(to).await?;
         }
         self.inner.copy_opts(from, to, options).await
     }
 
     async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
         if in_log(to) {
-            data_files_synced().await?;
+            data_files_synced(to).await?;
         }
         self.inner.rename_opts(from, to, options).await
     }
@@ -475,13 +497,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_data_file_that_cannot_be_synced_fails_every_later_commit_naming_it() {
+    async fn a_data_file_that_cannot_be_synced_fails_every_later_commit_of_its_table_naming_it() {
         let state = std::sync::Mutex::new(Syncing::default());
         let file = Path::from("t/day=1/part-7.parquet");
         let task = tokio::task::spawn_blocking(|| Err(std::io::Error::other("I/O error")));
         push_sync(&state, &file, task);
+        // Another table's data file, synced fine.
+        let other = Path::from("t2/part-1.parquet");
+        push_sync(&state, &other, tokio::task::spawn_blocking(|| Ok(())));
+        let t = table_dir(&Path::from("t/_delta_log/00000000000000000003.json"));
+        assert_eq!(t, Path::from("t"));
         for attempt in 0..2 {
-            let e = wait_for(&state).await.unwrap_err().to_string();
+            let e = wait_for(&state, &t).await.unwrap_err().to_string();
             assert!(
                 e.contains("t/day=1/part-7.parquet"),
                 "attempt {attempt}: {e}"
@@ -491,10 +518,22 @@ mod tests {
                 "{e}"
             );
         }
+        // The other table's commits neither waited for the failed file nor
+        // fail because of it ("t2" is not under "t", nor "t" under "t2").
+        assert_eq!(state.lock().unwrap().running.len(), 1);
+        wait_for(&state, &Path::from("t2")).await.unwrap();
+        assert!(state.lock().unwrap().running.is_empty());
+        let tt = Path::from("tt");
+        push_sync(
+            &state,
+            &Path::from("tt/part-0.parquet"),
+            tokio::task::spawn_blocking(|| Ok(())),
+        );
+        wait_for(&state, &tt).await.unwrap();
         // Files synced fine are waited for and forgotten.
         let ok = std::sync::Mutex::new(Syncing::default());
         push_sync(&ok, &file, tokio::task::spawn_blocking(|| Ok(())));
-        wait_for(&ok).await.unwrap();
+        wait_for(&ok, &t).await.unwrap();
         assert!(ok.lock().unwrap().running.is_empty());
     }
 
