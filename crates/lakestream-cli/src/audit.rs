@@ -210,9 +210,11 @@ pub(crate) async fn lineage(
     if l.ranges.is_empty() {
         outln!("  (written before lakestream recorded source ranges)");
     }
+    // Each range is read by its source kind's connector.
+    let connectors = lakestream::connectors::Connectors::builtin();
     for (name, r) in &l.ranges {
         outln!("  source {name} {}:", r.source);
-        for line in describe_range(&r.start, &r.end) {
+        for line in connectors.describe_range(&r.source, &r.start, &r.end) {
             outln!("    {line}");
         }
     }
@@ -224,69 +226,6 @@ pub(crate) async fn lineage(
 
 fn opt(v: Option<u64>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
-}
-
-/// Human lines for a recorded range, by the offset's shape: Kafka
-/// partitions as `[start, end)`, files by path, digests with where the full
-/// offset is kept, anything else as JSON.
-fn describe_range(start: &Value, end: &Value) -> Vec<String> {
-    if end.is_null() {
-        return vec!["no new data".into()];
-    }
-    if let (Some(digest), Some(at)) = (end.get("sha256"), end.get("checkpoint")) {
-        return vec![format!(
-            "a long offset ({} bytes of JSON) recorded as its sha256 {}; the checkpoint's {} \
-             holds it in full while it retains the batch",
-            end["bytes"]
-                .as_u64()
-                .map_or_else(|| "?".into(), |b| b.to_string()),
-            digest.as_str().unwrap_or("?"),
-            at.as_str().unwrap_or("?")
-        )];
-    }
-    if let Some(files) = end.get("files").and_then(|f| f.as_array()) {
-        let mut out = vec![format!(
-            "{} files (files {}..{} of the source)",
-            files.len(),
-            end["count"].as_u64().unwrap_or(0) - files.len() as u64,
-            end["count"].as_u64().unwrap_or(0)
-        )];
-        out.extend(
-            files
-                .iter()
-                .map(|f| f["path"].as_str().unwrap_or("?").to_string()),
-        );
-        return out;
-    }
-    if let Some(parts) = end.get("partitions").and_then(|p| p.as_object()) {
-        let mut out = Vec::new();
-        for (topic, ps) in parts {
-            for (p, e) in ps.as_object().into_iter().flatten() {
-                let e = e.as_i64().unwrap_or(0);
-                let s = start["partitions"][topic][p]
-                    .as_i64()
-                    .or_else(|| end["added"][topic][p].as_i64())
-                    .unwrap_or(e);
-                let lost = end["data_loss"].as_array().into_iter().flatten().find(|l| {
-                    l["topic"] == topic.as_str()
-                        && l["partition"].as_i64().map(|n| n.to_string()).as_deref()
-                            == Some(p.as_str())
-                });
-                let s = lost.and_then(|l| l["resumed_at"].as_i64()).unwrap_or(s);
-                if e > s {
-                    out.push(format!(
-                        "{topic}/{p}: offsets [{s}, {e}) ({} records)",
-                        e - s
-                    ));
-                }
-            }
-        }
-        if out.is_empty() {
-            out.push("no records".into());
-        }
-        return out;
-    }
-    vec![format!("from {start} to {end}")]
 }
 
 /// What `verify` found.

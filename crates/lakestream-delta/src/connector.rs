@@ -85,6 +85,17 @@ pub struct DeltaSourceConnector;
 
 #[async_trait]
 impl SourceConnector for DeltaSourceConnector {
+    fn describe_range(
+        &self,
+        kind: &str,
+        start: &lakestream_source::Offset,
+        end: &lakestream_source::Offset,
+    ) -> Option<Vec<String>> {
+        (kind == "delta")
+            .then(|| crate::source::describe_range(start, end))
+            .flatten()
+    }
+
     fn options(&self) -> &'static [&'static str] {
         &[
             "starting_version",

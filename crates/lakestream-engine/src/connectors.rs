@@ -152,6 +152,39 @@ impl Connectors {
     }
 }
 
+impl Connectors {
+    /// Lines that tell a reader what a range recorded in a commit's
+    /// lineage holds: `source` is the record's `kind[location]`, and the
+    /// connector of that kind reads `start` and `end` through its typed
+    /// offsets. An offset too long to record whole (kept as its digest)
+    /// says where the full one is; anything no connector reads is printed
+    /// as JSON.
+    pub fn describe_range(
+        &self,
+        source: &str,
+        start: &serde_json::Value,
+        end: &serde_json::Value,
+    ) -> Vec<String> {
+        if end.is_null() {
+            return vec!["no new data".into()];
+        }
+        if let Some(d) = lakestream_protocol::lineage::RecordedDigest::of(end) {
+            return vec![format!(
+                "a long offset ({} bytes of JSON) recorded as its sha256 {}; the checkpoint's {} \
+                 holds it in full while it retains the batch",
+                d.bytes.map_or_else(|| "?".into(), |b| b.to_string()),
+                d.sha256,
+                d.checkpoint
+            )];
+        }
+        let kind = source.split('[').next().unwrap_or(source);
+        self.sources
+            .values()
+            .find_map(|c| c.describe_range(kind, start, end))
+            .unwrap_or_else(|| vec![format!("from {start} to {end}")])
+    }
+}
+
 /// The format of every dead-letter table (`dead_letter_location`).
 pub const DEAD_LETTER_FORMAT: &str = "DELTA";
 
@@ -209,6 +242,73 @@ fn one_of<'a>(names: impl Iterator<Item = &'a String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recorded_ranges_are_described_by_their_kinds_connector() {
+        use serde_json::json;
+        let c = Connectors::builtin();
+        let files = c.describe_range(
+            "files[file:///in/]",
+            &json!(null),
+            &json!({"count": 5, "files": [
+                {"path": "in/a.json", "size": 1, "mtime_ms": 1},
+                {"path": "in/b.json", "size": 1, "mtime_ms": 2}]}),
+        );
+        assert_eq!(
+            files,
+            [
+                "2 files (files 3..5 of the source)",
+                "in/a.json",
+                "in/b.json"
+            ]
+        );
+        #[cfg(feature = "kafka")]
+        {
+            let kafka = c.describe_range(
+                "kafka[t]",
+                &json!({"partitions": {"t": {"0": 10, "1": 4}}}),
+                &json!({"partitions": {"t": {"0": 15, "1": 4, "2": 3}},
+                        "added": {"t": {"2": 0}}}),
+            );
+            assert_eq!(
+                kafka,
+                [
+                    "t/0: offsets [10, 15) (5 records)",
+                    "t/2: offsets [0, 3) (3 records)"
+                ]
+            );
+        }
+        assert_eq!(
+            c.describe_range("generator[g]", &json!(100), &json!(250)),
+            ["rows [100, 250) (150 rows)"]
+        );
+        assert_eq!(
+            c.describe_range(
+                "delta[file:///t/]",
+                &json!({"version": 3, "index": 0, "snapshot": true}),
+                &json!({"version": 5, "index": 2}),
+            ),
+            [
+                "files from the snapshot at version 3, after its first 0 files to commit 5, \
+              after its first 2 files"
+            ]
+        );
+        let digest = lakestream_protocol::lineage::recorded_offset(&json!("x".repeat(20_000)), 7);
+        let lines = c.describe_range("kafka[t]", &json!(null), &digest);
+        assert!(
+            lines[0].contains("offsets/7") && lines[0].contains("20002 bytes"),
+            "{lines:?}"
+        );
+        // A kind no connector knows, or offsets that are not its kind's.
+        assert_eq!(
+            c.describe_range("mine[x]", &json!(1), &json!({"a": 2})),
+            [r#"from 1 to {"a":2}"#]
+        );
+        assert_eq!(
+            c.describe_range("files[x]", &json!(null), &json!(null)),
+            ["no new data"]
+        );
+    }
 
     #[test]
     fn connector_lists_read_as_prose() {

@@ -41,15 +41,35 @@ pub fn recorded_offset(offset: &Value, batch_id: u64) -> Value {
     })
 }
 
+/// An offset recorded as its digest ([`recorded_offset`]): the full offset
+/// is in the checkpoint while it retains the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedDigest {
+    /// The SHA-256 of the offset's JSON, hex.
+    pub sha256: String,
+    /// The length of that JSON.
+    pub bytes: Option<u64>,
+    /// Where the checkpoint holds it (`offsets/<batch id>`).
+    pub checkpoint: String,
+}
+
+impl RecordedDigest {
+    /// The digest `recorded` stands for, when it is one.
+    pub fn of(recorded: &Value) -> Option<Self> {
+        let o = recorded.as_object().filter(|o| o.len() == 3)?;
+        Some(Self {
+            sha256: o.get("sha256")?.as_str()?.to_string(),
+            bytes: o.get("bytes")?.as_u64(),
+            checkpoint: o.get("checkpoint")?.as_str()?.to_string(),
+        })
+    }
+}
+
 /// The digest a recorded offset stands for: its own `sha256` when it was
 /// recorded as a digest, else the digest of its JSON.
 fn digest_of(recorded: &Value) -> String {
-    match (recorded.get("sha256"), recorded.get("checkpoint")) {
-        (Some(Value::String(d)), Some(_)) if recorded.as_object().is_some_and(|o| o.len() == 3) => {
-            d.clone()
-        }
-        _ => sha256_hex(recorded.to_string().as_bytes()),
-    }
+    RecordedDigest::of(recorded)
+        .map_or_else(|| sha256_hex(recorded.to_string().as_bytes()), |d| d.sha256)
 }
 
 /// Whether two offsets, each either whole or recorded as a digest, are the

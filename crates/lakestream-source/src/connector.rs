@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lakestream_job::connector::TableContext;
 
-use crate::{OnError, Source};
+use crate::{Offset, OnError, Source};
 
 /// A factory of stream sources for one `STORED AS` name (the engine's
 /// registry holds them; an embedding program registers its own).
@@ -25,6 +25,15 @@ pub trait SourceConnector: Send + Sync {
     /// declaration come from [`TableContext::error`]; the source's own
     /// convert with `?`.
     async fn create(&self, ctx: &TableContext<'_>) -> lakestream_job::Result<Arc<dyn Source>>;
+
+    /// Lines that tell a reader what a recorded range of a source of
+    /// `kind` (its `SourceIdentity::kind`) holds, read through the
+    /// source's typed offsets (`table lineage` prints them); `None` when
+    /// `kind` is not this connector's or the offsets do not parse as its.
+    fn describe_range(&self, kind: &str, start: &Offset, end: &Offset) -> Option<Vec<String>> {
+        let _ = (kind, start, end);
+        None
+    }
 }
 
 /// A source's error, building it, as a job-loading error that keeps it whole.

@@ -102,6 +102,30 @@ struct DeltaOffset {
     snapshot: bool,
 }
 
+impl DeltaOffset {
+    /// `commit 7, after its first 2 files` (or `the snapshot at version 7`).
+    fn describe(&self) -> String {
+        let unit = if self.snapshot {
+            format!("the snapshot at version {}", self.version)
+        } else {
+            format!("commit {}", self.version)
+        };
+        format!("{unit}, after its first {} files", self.index)
+    }
+}
+
+/// A recorded range of a Delta source, for a reader (`None` when the end
+/// is not a Delta source's offset).
+pub(crate) fn describe_range(
+    start: &serde_json::Value,
+    end: &serde_json::Value,
+) -> Option<Vec<String>> {
+    let end: DeltaOffset = serde_json::from_value(end.clone()).ok()?;
+    let start = serde_json::from_value::<DeltaOffset>(start.clone())
+        .map_or_else(|_| "the query's start".into(), |s| s.describe());
+    Some(vec![format!("files from {start} to {}", end.describe())])
+}
+
 /// One data file of the table.
 #[derive(Debug, Clone)]
 struct DataFile {

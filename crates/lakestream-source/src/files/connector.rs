@@ -19,6 +19,18 @@ pub struct FilesConnector;
 
 #[async_trait]
 impl SourceConnector for FilesConnector {
+    fn describe_range(
+        &self,
+        kind: &str,
+        _start: &crate::Offset,
+        end: &crate::Offset,
+    ) -> Option<Vec<String>> {
+        let end: crate::files::FilesOffset = (kind == "files")
+            .then(|| serde_json::from_value(end.clone()).ok())
+            .flatten()?;
+        Some(end.describe())
+    }
+
     fn options(&self) -> &'static [&'static str] {
         &[
             "max_files_per_trigger",

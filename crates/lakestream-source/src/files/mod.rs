@@ -284,6 +284,21 @@ pub struct FilesOffset {
     pub files: Vec<FileEntry>,
 }
 
+impl FilesOffset {
+    /// The batch's files for a reader: how many, where they fall in the
+    /// source's sequence, then each path.
+    pub fn describe(&self) -> Vec<String> {
+        let n = self.files.len() as u64;
+        let mut out = vec![format!(
+            "{n} files (files {}..{} of the source)",
+            self.count.saturating_sub(n),
+            self.count
+        )];
+        out.extend(self.files.iter().map(|f| f.path.clone()));
+        out
+    }
+}
+
 /// A source of files under one location. See the module docs.
 #[derive(Debug)]
 pub struct FileSource {

@@ -18,6 +18,23 @@ pub struct GeneratorConnector;
 
 #[async_trait]
 impl SourceConnector for GeneratorConnector {
+    fn describe_range(
+        &self,
+        kind: &str,
+        start: &crate::Offset,
+        end: &crate::Offset,
+    ) -> Option<Vec<String>> {
+        if kind != "generator" {
+            return None;
+        }
+        // Offsets are row numbers; a first batch starts at row 0.
+        let (s, e) = (start.as_u64().unwrap_or(0), end.as_u64()?);
+        Some(vec![format!(
+            "rows [{s}, {e}) ({} rows)",
+            e.saturating_sub(s)
+        )])
+    }
+
     fn options(&self) -> &'static [&'static str] {
         &[
             "rows",

@@ -8,7 +8,7 @@ use crate::Source;
 use crate::avro::{as_record, project_reader_schema};
 use crate::kafka::registry::{AvroValues, ProtobufValues, RegistryOptions, SchemaRegistry};
 use crate::kafka::{
-    EndingOffsets, IsolationLevel, KafkaSource, KafkaSourceOptions, KeyFormat,
+    EndingOffsets, IsolationLevel, KafkaOffset, KafkaSource, KafkaSourceOptions, KeyFormat,
     RESERVED_CLIENT_KEYS, StartingOffsets, Topics, ValueFormat,
 };
 use async_trait::async_trait;
@@ -26,6 +26,20 @@ pub struct KafkaConnector;
 
 #[async_trait]
 impl SourceConnector for KafkaConnector {
+    fn describe_range(
+        &self,
+        kind: &str,
+        start: &crate::Offset,
+        end: &crate::Offset,
+    ) -> Option<Vec<String>> {
+        if kind != "kafka" {
+            return None;
+        }
+        let end: KafkaOffset = serde_json::from_value(end.clone()).ok()?;
+        let start: Option<KafkaOffset> = serde_json::from_value(start.clone()).ok();
+        Some(end.describe_range(start.as_ref()))
+    }
+
     fn options(&self) -> &'static [&'static str] {
         &[
             "format",

@@ -398,6 +398,41 @@ impl KafkaSourceOptions {
 /// Per topic, per partition: an offset.
 type PartitionOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
 
+impl KafkaOffset {
+    /// The records of the range from `start` (`None`: the query's first
+    /// batch) to this offset, one line per partition that has any:
+    /// `topic/partition: offsets [s, e) (n records)`. A partition first
+    /// seen in the batch starts where it was added; one whose start was
+    /// lost starts where reading resumed.
+    pub fn describe_range(&self, start: Option<&KafkaOffset>) -> Vec<String> {
+        let mut out = Vec::new();
+        for (topic, partitions) in &self.partitions {
+            for (&p, &e) in partitions {
+                let at = |o: &PartitionOffsets| o.get(topic).and_then(|t| t.get(&p)).copied();
+                let s = start
+                    .and_then(|s| at(&s.partitions))
+                    .or_else(|| at(&self.added))
+                    .unwrap_or(e);
+                let s = self
+                    .data_loss
+                    .iter()
+                    .find(|l| l.topic == *topic && l.partition == p)
+                    .map_or(s, |l| l.resumed_at);
+                if e > s {
+                    out.push(format!(
+                        "{topic}/{p}: offsets [{s}, {e}) ({} records)",
+                        e - s
+                    ));
+                }
+            }
+        }
+        if out.is_empty() {
+            out.push("no records".into());
+        }
+        out
+    }
+}
+
 /// The end offset of a Kafka batch (and the initial offset of a query).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KafkaOffset {
