@@ -26,15 +26,38 @@ pub use lakestream_job::{Error, Result};
 pub use lakestream_sink::SinkConnector;
 pub use lakestream_source::SourceConnector;
 
+use async_trait::async_trait;
 use lakestream_job::{Job, TableDecl};
+
+use crate::QueryBuilder;
 use lakestream_sink::Sink;
 use lakestream_source::Source;
+
+/// A factory of static tables for one `STORED AS` name: tables a query
+/// reads in each batch, neither `UNBOUNDED` nor an output (a dimension
+/// table joined by every batch). Formats without one are DataFusion's,
+/// read whole at job start.
+#[async_trait]
+pub trait StaticConnector: Send + Sync {
+    /// The options the connector accepts (storage options aside).
+    fn options(&self) -> &'static [&'static str];
+
+    /// Add the static table of `ctx` to the query `builder` builds (as
+    /// [`QueryBuilder::static_table`] or
+    /// [`QueryBuilder::static_delta_table`] do).
+    async fn add(
+        &self,
+        ctx: &TableContext<'_>,
+        builder: QueryBuilder,
+    ) -> crate::Result<QueryBuilder>;
+}
 
 /// The connectors a job can name, keyed by `STORED AS`.
 #[derive(Clone)]
 pub struct Connectors {
     sources: BTreeMap<String, Arc<dyn SourceConnector>>,
     sinks: BTreeMap<String, Arc<dyn SinkConnector>>,
+    statics: BTreeMap<String, Arc<dyn StaticConnector>>,
 }
 
 impl std::fmt::Debug for Connectors {
@@ -42,6 +65,7 @@ impl std::fmt::Debug for Connectors {
         f.debug_struct("Connectors")
             .field("sources", &self.sources.keys().collect::<Vec<_>>())
             .field("sinks", &self.sinks.keys().collect::<Vec<_>>())
+            .field("statics", &self.statics.keys().collect::<Vec<_>>())
             .finish()
     }
 }
@@ -58,6 +82,7 @@ impl Connectors {
         Self {
             sources: BTreeMap::new(),
             sinks: BTreeMap::new(),
+            statics: BTreeMap::new(),
         }
     }
 
@@ -81,6 +106,7 @@ impl Connectors {
         );
         c.register_source("DELTA", Arc::new(lakestream_delta::DeltaSourceConnector));
         c.register_sink("DELTA", Arc::new(lakestream_delta::DeltaConnector));
+        c.register_static("DELTA", Arc::new(crate::static_delta::StaticDeltaConnector));
         c
     }
 
@@ -94,6 +120,33 @@ impl Connectors {
     /// sink with `connector`, replacing a connector of that name.
     pub fn register_sink(&mut self, name: &str, connector: Arc<dyn SinkConnector>) {
         self.sinks.insert(name.to_ascii_uppercase(), connector);
+    }
+
+    /// Make `STORED AS name` (any case) on a static table build it with
+    /// `connector`, replacing a connector of that name.
+    pub fn register_static(&mut self, name: &str, connector: Arc<dyn StaticConnector>) {
+        self.statics.insert(name.to_ascii_uppercase(), connector);
+    }
+
+    /// Add the static table `t` of `job` to the query `builder` builds:
+    /// through its `STORED AS` name's static connector, or else as a
+    /// DataFusion table of that format read at job start.
+    pub async fn add_static(
+        &self,
+        job: &Job,
+        t: &TableDecl,
+        checkpoint: &str,
+        storage_options: &HashMap<String, String>,
+        builder: QueryBuilder,
+    ) -> crate::Result<QueryBuilder> {
+        let ctx = TableContext::new(job, t, checkpoint, storage_options);
+        match self.statics.get(&t.format) {
+            Some(c) => {
+                ctx.check_options(c.options(), None)?;
+                c.add(&ctx, builder).await
+            }
+            None => datafusion_static(&ctx, builder).await,
+        }
     }
 
     /// The source of the `UNBOUNDED` table `t` of `job`, for a run
@@ -219,6 +272,59 @@ impl Connectors {
         };
         self.sink(job, &decl, checkpoint, storage_options).await
     }
+}
+
+/// A static table of a format no static connector is registered for:
+/// DataFusion's own (`CSV`, `PARQUET`, `JSON`, `AVRO`, `ARROW`), read whole
+/// once at job start through the job's store and kept in memory.
+async fn datafusion_static(
+    ctx: &TableContext<'_>,
+    builder: QueryBuilder,
+) -> crate::Result<QueryBuilder> {
+    let t = ctx.table();
+    let err = |msg: String| -> crate::Error { ctx.error(msg).into() };
+    let storage = ctx.store_options();
+    let session = builder.context();
+    // DataFusion reads the files through the same store the rest of
+    // the job uses (credentials, endpoint, retries).
+    let loc = lakestream_storage::Location::parse(&t.location, &storage)?;
+    if loc.local_dir().is_none() {
+        session.register_object_store(loc.url(), loc.store().clone());
+    }
+    let plan = session
+        .state()
+        .statement_to_plan(t.statement.clone())
+        .await
+        .map_err(|e| err(e.strip_backtrace()))?;
+    session
+        .execute_logical_plan(plan)
+        .await
+        .map_err(|e| err(e.strip_backtrace()))?;
+    // Load once: a static table is read as of job start, so every
+    // batch (and every replay of a batch) joins the same rows.
+    let df = session
+        .table(t.name.as_str())
+        .await
+        .map_err(|e| err(e.strip_backtrace()))?;
+    let schema: arrow::datatypes::SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await.map_err(|e| {
+        err(format!(
+            "cannot read {}: {}",
+            t.location,
+            e.strip_backtrace()
+        ))
+    })?;
+    session
+        .deregister_table(t.name.as_str())
+        .map_err(|e| err(e.strip_backtrace()))?;
+    let provider: Arc<dyn datafusion::datasource::TableProvider> = Arc::new(
+        datafusion::datasource::MemTable::try_new(schema, vec![batches])
+            .map_err(|e| err(e.strip_backtrace()))?,
+    );
+    session
+        .register_table(t.name.as_str(), provider)
+        .map_err(|e| crate::Error::Plan(Box::new(e)))?;
+    Ok(builder)
 }
 
 /// Options every stream table takes, whatever its connector: its event

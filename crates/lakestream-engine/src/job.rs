@@ -9,10 +9,8 @@
 //! an error (a typo must not silently change a job's meaning).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use arrow::datatypes::{Field, Schema, SchemaRef};
-use datafusion::datasource::MemTable;
+use arrow::datatypes::{Field, Schema};
 use lakestream_delta::delta_schema;
 pub use lakestream_job::{
     Error as JobError, InsertDecl, Job, Pos, TableDecl, check_streaming_plan, parse_job, pos_of,
@@ -20,7 +18,7 @@ pub use lakestream_job::{
 };
 use lakestream_storage::normalize_option_key;
 
-use crate::connectors::{Connectors, table_store_options};
+use crate::connectors::Connectors;
 use crate::{Error, FailPoint, Output, OutputMode, QueryBuilder, Result, Trigger};
 use lakestream_sink::describe_schema;
 
@@ -174,7 +172,16 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
                 builder = builder.dead_letters(&t.name, sink);
             }
         } else {
-            builder = register_static(&job, t, builder, &options.storage_options).await?;
+            builder = options
+                .connectors
+                .add_static(
+                    &job,
+                    t,
+                    &options.checkpoint,
+                    &options.storage_options,
+                    builder,
+                )
+                .await?;
         }
     }
     let mut first = None;
@@ -363,73 +370,6 @@ fn storage_setting(stmt: &datafusion::sql::parser::Statement) -> Option<(String,
         other => other.to_string(),
     };
     Some((key, value))
-}
-
-async fn register_static(
-    job: &Job,
-    t: &TableDecl,
-    builder: QueryBuilder,
-    storage: &HashMap<String, String>,
-) -> Result<QueryBuilder> {
-    let err = |msg: String| -> Error { job.error(t.pos, msg).into() };
-    if t.format == "DELTA" {
-        // Read at each batch's recorded version (or the pinned one).
-        let pinned = match t.options.get("version") {
-            Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
-                err(format!(
-                    "option version of {}: {v:?} is not a table version (a whole number)",
-                    t.name
-                ))
-            })?),
-            None => None,
-        };
-        let table = crate::StaticDeltaTable::open(
-            &t.name,
-            &t.location,
-            &table_store_options(t, storage),
-            pinned,
-            builder.context(),
-        )
-        .await
-        .map_err(|e| err(e.to_string()))?;
-        return builder.static_delta_table(table);
-    }
-    let ctx = builder.context();
-    // DataFusion reads the files through the same store the rest of
-    // the job uses (credentials, endpoint, retries).
-    let loc = lakestream_storage::Location::parse(&t.location, &table_store_options(t, storage))?;
-    if loc.local_dir().is_none() {
-        ctx.register_object_store(loc.url(), loc.store().clone());
-    }
-    let plan = ctx
-        .state()
-        .statement_to_plan(t.statement.clone())
-        .await
-        .map_err(|e| err(e.strip_backtrace()))?;
-    ctx.execute_logical_plan(plan)
-        .await
-        .map_err(|e| err(e.strip_backtrace()))?;
-    // Load once: a static table is read as of job start, so every
-    // batch (and every replay of a batch) joins the same rows.
-    let df = ctx
-        .table(t.name.as_str())
-        .await
-        .map_err(|e| err(e.strip_backtrace()))?;
-    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-    let batches = df.collect().await.map_err(|e| {
-        err(format!(
-            "cannot read {}: {}",
-            t.location,
-            e.strip_backtrace()
-        ))
-    })?;
-    ctx.deregister_table(t.name.as_str())
-        .map_err(|e| err(e.strip_backtrace()))?;
-    let provider: Arc<dyn datafusion::datasource::TableProvider> =
-        Arc::new(MemTable::try_new(schema, vec![batches]).map_err(|e| err(e.strip_backtrace()))?);
-    ctx.register_table(t.name.as_str(), provider)
-        .map_err(|e| Error::Plan(Box::new(e)))?;
-    Ok(builder)
 }
 
 #[cfg(test)]

@@ -227,3 +227,42 @@ impl TableProvider for StaticDeltaTable {
             .await
     }
 }
+
+/// `STORED AS DELTA` on a static table: a [`StaticDeltaTable`], read at
+/// each batch's recorded version, or at `version` when the table sets it.
+#[derive(Debug, Default)]
+pub struct StaticDeltaConnector;
+
+#[async_trait]
+impl crate::connectors::StaticConnector for StaticDeltaConnector {
+    fn options(&self) -> &'static [&'static str] {
+        &["version"]
+    }
+
+    async fn add(
+        &self,
+        ctx: &crate::connectors::TableContext<'_>,
+        builder: crate::QueryBuilder,
+    ) -> Result<crate::QueryBuilder> {
+        let t = ctx.table();
+        let pinned = match ctx.option("version") {
+            Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
+                ctx.error(format!(
+                    "option version of {}: {v:?} is not a table version (a whole number)",
+                    t.name
+                ))
+            })?),
+            None => None,
+        };
+        let table = StaticDeltaTable::open(
+            &t.name,
+            &t.location,
+            &ctx.store_options(),
+            pinned,
+            builder.context(),
+        )
+        .await
+        .map_err(|e| ctx.error(e.to_string()))?;
+        builder.static_delta_table(table)
+    }
+}

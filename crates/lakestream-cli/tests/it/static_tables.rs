@@ -205,4 +205,15 @@ fn a_pinned_version_is_joined_by_every_batch() {
     let o = run_available_now(dir, "job.sql", "ckpt2", &[], &[]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(stderr(&o).contains("not a table version"), "{}", text(&o));
+    // A misspelled option is refused too, naming the ones there are: the
+    // static table goes through its connector like a source or a sink.
+    job(dir, " OPTIONS ('versoin' '1')");
+    let o = run_available_now(dir, "job.sql", "ckpt2", &[], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("unknown option \"versoin\" for table users (STORED AS DELTA)")
+            && err.contains("valid options: version"),
+        "{err}"
+    );
 }
