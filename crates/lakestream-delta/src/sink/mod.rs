@@ -57,6 +57,7 @@ use lakestream_sink::{
 use lakestream_storage::Location;
 
 mod append;
+mod commit;
 pub mod features;
 mod maintenance;
 mod merge;

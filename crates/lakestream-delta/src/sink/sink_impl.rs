@@ -2,6 +2,7 @@
 //! writers, the commit (fast append, delta-rs's commit, MERGE, replace)
 //! with its retries, and the reads of positions and versions.
 
+use super::commit::FastAppend;
 use super::*;
 
 #[async_trait]
@@ -283,66 +284,15 @@ impl Sink for DeltaSink {
             reason: "the sink was not opened".into(),
         })?;
         self.collect_checkpoint(loaded, false).await;
-        let mut actions: Vec<Action> = staged
+        let actions: Vec<Action> = staged
             .into_parts::<Vec<Action>>(&self.name)?
             .into_iter()
             .flatten()
             .collect();
-        // New columns reach the table with the first batch that has them.
-        let new_metadata = self
-            .evolution
-            .lock()
-            .expect("evolution lock")
-            .as_ref()
-            .and_then(|ev| ev.metadata.clone());
-        if let Some(m) = &new_metadata {
-            if info.write != WriteMode::Append {
-                return Err(Error::InvalidConfig {
-                    table: self.name.clone(),
-                    reason: "merge_schema adds columns with appended batches only; an \
-                             aggregation in update or complete mode cannot change the \
-                             table's columns"
-                        .into(),
-                });
-            }
-            actions.insert(0, Action::Metadata(m.clone()));
+        let req = self.request(info, actions)?;
+        if let Some(done) = self.known_committed(loaded, &req).await? {
+            return Ok(done);
         }
-        let batch = i64::try_from(info.batch_id).expect("batch ids fit in i64");
-        // With this query's txn known at the newest version this sink has
-        // seen, the log is not re-read: a commit by another writer since
-        // then makes our create-if-absent fail (or, on the delta-rs path,
-        // is caught by its conflict check), and that path re-reads.
-        let head = self.head(loaded);
-        let cached = self.txn.lock().await.clone();
-        let txn = match cached {
-            Some(c) if c.app_id == info.query_id && Some(c.table_version) == head => c.txn,
-            _ => {
-                self.refresh(loaded).await?;
-                self.check_contract(loaded, info.batch_id)?;
-                self.txn_version(loaded, &info.query_id).await?
-            }
-        };
-        if txn.is_some_and(|v| v >= batch) {
-            return Ok(CommitOutcome::AlreadyCommitted {
-                version: self.head(loaded).unwrap_or_default(),
-            });
-        }
-        let mut meta = info.metadata.clone();
-        meta.insert("batchId".into(), serde_json::json!(info.batch_id));
-        meta.insert("queryId".into(), serde_json::json!(info.query_id));
-        let app_metadata: HashMap<String, serde_json::Value> =
-            HashMap::from([("lakestream".to_string(), serde_json::Value::Object(meta))]);
-        let replace = matches!(info.write, WriteMode::ReplaceAll { .. });
-        let operation = DeltaOperation::StreamingUpdate {
-            output_mode: match info.write {
-                WriteMode::Append => OutputMode::Append,
-                WriteMode::ReplaceAll { .. } => OutputMode::Complete,
-                WriteMode::Upsert { .. } => OutputMode::Update,
-            },
-            query_id: info.query_id.clone(),
-            epoch_id: batch,
-        };
-        let transaction = Transaction::new(&info.query_id, batch);
         if !info.claims.is_empty() {
             if info.write != WriteMode::Append {
                 return Err(Error::InvalidConfig {
@@ -355,215 +305,19 @@ impl Sink for DeltaSink {
             return self
                 .commit_claimed(
                     loaded,
-                    actions,
+                    req.actions,
                     info,
-                    operation,
-                    app_metadata,
-                    new_metadata.is_some(),
+                    req.operation,
+                    req.app_metadata,
+                    req.evolved,
                 )
                 .await;
         }
-
-        // A replacement removes every file of the table and an upsert
-        // rewrites the files holding its keys: both need the file list, so
-        // they go through delta-rs below. When another writer took the
-        // version, an append is tried again at the new head (appends do not
-        // conflict with appends), unless it carries a metaData action or a
-        // winner changed the table's metadata or protocol: then delta-rs's
-        // conflict check decides.
-        let mut append = Append::NotApplicable;
-        let mut refreshed = false;
-        if info.write == WriteMode::Append {
-            for attempt in 0..=COMMIT_RETRIES {
-                if attempt > 0 {
-                    if new_metadata.is_some() {
-                        break;
-                    }
-                    let tried = self.head(loaded).unwrap_or_default();
-                    if let Some(done) = self
-                        .after_lost_version(loaded, &info.query_id, batch)
-                        .await?
-                    {
-                        return Ok(done);
-                    }
-                    self.check_contract(loaded, info.batch_id)?;
-                    refreshed = true;
-                    let latest = self.head(loaded).unwrap_or_default();
-                    if txn::changes_table(loaded.meta.log_store().as_ref(), tried, latest).await {
-                        break;
-                    }
-                }
-                append = self
-                    .append_commit(
-                        loaded,
-                        &actions,
-                        operation.clone(),
-                        app_metadata.clone(),
-                        vec![transaction.clone()],
-                        info.batch_id,
-                    )
-                    .await?;
-                if append != Append::Taken {
-                    break;
-                }
-            }
-        }
-        if let Append::Committed(version) = append {
-            if new_metadata.is_some() {
-                self.schema_evolved(loaded).await?;
-            }
-            self.after_append(loaded, version, info).await;
-            return Ok(CommitOutcome::Committed { version });
-        }
-
-        // delta-rs's commit: for tables with newer writer protocols, and
-        // after another writer committed the version we tried.
-        let done = if append == Append::Taken && !refreshed {
-            self.after_lost_version(loaded, &info.query_id, batch)
-                .await?
-        } else {
-            self.already_committed(loaded, &info.query_id, batch)
-                .await?
-        };
-        if let Some(done) = done {
-            return Ok(done);
-        }
-        self.check_contract(loaded, info.batch_id)?;
-        // delta-rs writes a Delta checkpoint with commit `v` when `v + 1` is
-        // a multiple of the interval. Expired-log cleanup lists the whole
-        // log: it runs with such a commit, and at most once per
-        // CLEANUP_EVERY_VERSIONS versions, so a commit's cost does not grow
-        // with the log.
-        let interval = checkpoint_interval(&loaded.meta);
-        let protected = self
-            .contract
-            .lock()
-            .expect("contract lock")
-            .features
-            .checkpoint_protection;
-        let next = self.full(loaded).await?.version().unwrap_or_default() + 1;
-        let mut app_metadata = app_metadata;
-        let mut retries = COMMIT_RETRIES;
-        if let Some(ict) = self.in_commit_timestamp(loaded, next).await? {
-            // delta-rs puts commitInfo first and keeps this key in it. Its
-            // rebase onto a later version would keep a timestamp chosen
-            // for this one: a lost race fails the batch instead (a
-            // restart re-runs it).
-            app_metadata.insert("inCommitTimestamp".into(), serde_json::json!(ict));
-            retries = 0;
-        }
-        let table = self.full(loaded).await?;
-        let props = CommitProperties::default()
-            .with_max_retries(retries)
-            .with_cleanup_expired_logs(Some(
-                !protected && (next + 1).is_multiple_of(cleanup_every(interval)),
-            ))
-            .with_application_transaction(transaction)
-            .with_metadata(app_metadata);
-        // A complete batch into a table with a change data feed is merged
-        // too, so the feed records the groups that changed as updates (and
-        // only those), not every row deleted and inserted again.
-        let change_data_feed = self
-            .contract
-            .lock()
-            .expect("contract lock")
-            .features
-            .change_data_feed;
-        let merge = match &info.write {
-            WriteMode::Upsert { keys } => Some((keys, false)),
-            WriteMode::ReplaceAll { keys: Some(keys) } if change_data_feed => Some((keys, true)),
-            _ => None,
-        };
-        if let Some((keys, replace)) = merge
-            && actions.iter().any(|a| matches!(a, Action::Add(_)))
-        {
-            let merged = self
-                .upsert(table, &actions, keys, replace, props, info.batch_id)
-                .await;
-            return match merged {
-                Ok(version) => {
-                    if let Some(meta) = self.load_meta().await? {
-                        loaded.meta = meta;
-                    }
-                    self.set_head(version);
-                    self.remember_txn(&info.query_id, version, Some(batch))
-                        .await;
-                    Ok(CommitOutcome::Committed { version })
-                }
-                Err(e) => {
-                    // Another attempt of this batch may have merged first.
-                    self.refresh(loaded).await?;
-                    match self.txn_version(loaded, &info.query_id).await? {
-                        Some(v) if v >= batch => Ok(CommitOutcome::AlreadyCommitted {
-                            version: self.head(loaded).unwrap_or_default(),
-                        }),
-                        _ => Err(e),
-                    }
-                }
-            };
-        }
-        let state = table.snapshot().map_err(|e| self.table_err(e))?;
-        if replace {
-            use futures::TryStreamExt;
-            let removes: Vec<Action> = state
-                .snapshot()
-                .file_views(&table.log_store(), None)
-                .map_ok(|f| Action::Remove(f.remove_action(true)))
-                .try_collect()
-                .await
-                .map_err(|e| self.table_err(e))?;
-            actions.splice(0..0, removes);
-        }
-        let result = CommitBuilder::from(props)
-            .with_actions(actions)
-            .build(Some(state), table.log_store(), operation)
-            .await;
-        match result {
-            Ok(done) => {
-                let version = done.version();
-                if done.metrics.new_checkpoint_created {
-                    // This commit wrote a Delta checkpoint. A state carried
-                    // from commit to commit keeps every commit's actions as
-                    // its own piece, and replaying them all makes each
-                    // commit slower than the last; reloading from the fresh
-                    // checkpoint keeps the cost of a commit flat.
-                    *table = self.load_full().await?;
-                } else {
-                    // The commit returns the new state: no need to re-read the log.
-                    table.state = Some(done.snapshot());
-                }
-                if new_metadata.is_some() {
-                    self.schema_evolved(loaded).await?;
-                }
-                self.set_head(version);
-                self.remember_txn(&info.query_id, version, Some(batch))
-                    .await;
-                self.maybe_compact(loaded, info.batch_id).await;
-                Ok(CommitOutcome::Committed { version })
-            }
-            Err(err) => {
-                // A conflict on our own app id means another attempt of this
-                // query committed first: if it holds this batch, we are done.
-                let conflict = matches!(
-                    &err,
-                    DeltaTableError::Transaction {
-                        source: TransactionError::CommitConflict(_)
-                    }
-                );
-                if conflict {
-                    self.refresh(loaded).await?;
-                    if let Some(done) = self
-                        .already_committed(loaded, &info.query_id, batch)
-                        .await?
-                    {
-                        return Ok(done);
-                    }
-                }
-                Err(Error::Commit {
-                    table: self.name.clone(),
-                    batch_id: info.batch_id,
-                    source: Box::new(err),
-                })
+        match self.fast_append(loaded, &req).await? {
+            FastAppend::Done(done) => Ok(done),
+            FastAppend::Fallback { taken, refreshed } => {
+                self.commit_with_delta_rs(loaded, req, taken, refreshed)
+                    .await
             }
         }
     }
