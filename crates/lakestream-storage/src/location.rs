@@ -18,7 +18,6 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, RwLock};
-use std::time::Duration;
 
 #[cfg(feature = "s3")]
 use object_store::aws::AmazonS3Builder;
@@ -28,9 +27,7 @@ use object_store::azure::MicrosoftAzureBuilder;
 use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{
-    BackoffConfig, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
-};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use url::Url;
 
 use crate::{Error, Result};
@@ -332,11 +329,14 @@ fn normalized(options: &HashMap<String, String>) -> Vec<(String, String)> {
 /// The retry policy for transient store errors: `max_retries` (default 10)
 /// and `retry_timeout` in seconds (default 180) from the storage options,
 /// also accepted with a store prefix (`aws.max_retries`).
-fn retry_config(options: &[(String, String)]) -> std::result::Result<RetryConfig, String> {
-    let mut retry = RetryConfig {
-        backoff: BackoffConfig::default(),
+#[cfg(any(feature = "s3", feature = "gcs", feature = "azure"))]
+fn retry_config(
+    options: &[(String, String)],
+) -> std::result::Result<object_store::RetryConfig, String> {
+    let mut retry = object_store::RetryConfig {
+        backoff: object_store::BackoffConfig::default(),
         max_retries: 10,
-        retry_timeout: Duration::from_secs(180),
+        retry_timeout: std::time::Duration::from_secs(180),
     };
     for (k, v) in options {
         // `max_retries`, or with a store prefix (`aws.max_retries`).
@@ -355,7 +355,7 @@ fn retry_config(options: &[(String, String)]) -> std::result::Result<RetryConfig
                     .trim_end_matches('s')
                     .parse()
                     .map_err(|_| format!("retry_timeout {v:?} is not a number of seconds"))?;
-                retry.retry_timeout = Duration::try_from_secs_f64(secs.max(0.0))
+                retry.retry_timeout = std::time::Duration::try_from_secs_f64(secs.max(0.0))
                     .map_err(|_| format!("retry_timeout {v:?} is out of range"))?;
             }
             _ => {}
@@ -375,6 +375,7 @@ fn cloud_store(
     options: &HashMap<String, String>,
 ) -> std::result::Result<Arc<dyn ObjectStore>, String> {
     let options = normalized(options);
+    #[cfg(any(feature = "s3", feature = "gcs", feature = "azure"))]
     let retry = retry_config(&options)?;
     let bucket_url = store_key(url);
     let inner: Arc<dyn ObjectStore> = match url.scheme() {

@@ -79,35 +79,7 @@ impl SourceConnector for KafkaConnector {
 
     async fn create(&self, ctx: &TableContext<'_>) -> Result<Arc<dyn Source>> {
         let t = ctx.table();
-        let err = |msg: String| -> Error { ctx.error(msg) };
-        let rest = t.location.strip_prefix("kafka://").ok_or_else(|| {
-            err(format!(
-                "a KAFKA table's LOCATION is kafka://HOST:PORT[,HOST:PORT]/TOPIC[,TOPIC], got {:?}",
-                t.location
-            ))
-        })?;
-        let (servers, topics) = rest.split_once('/').unwrap_or((rest, ""));
-        let topics: Vec<String> = topics
-            .split(',')
-            .map(|s| s.trim().trim_end_matches('/').to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
-        let topics = match (t.options.get("topic_pattern"), topics.is_empty()) {
-            (Some(p), true) => Topics::Pattern(
-                regex::Regex::new(p).map_err(|e| err(format!("topic_pattern {p:?}: {e}")))?,
-            ),
-            (None, false) => Topics::List(topics),
-            (Some(_), false) => {
-                return Err(err(
-                    "name topics in LOCATION or give 'topic_pattern', not both".into(),
-                ));
-            }
-            (None, true) => {
-                return Err(err(format!(
-                    "no topic: write LOCATION 'kafka://{servers}/TOPIC' or set 'topic_pattern'"
-                )));
-            }
-        };
+        let (servers, topics) = location(ctx)?;
         let mut settings = client_settings(ctx)?;
         // Kafka clients' files carry the registry's settings too.
         let registry_file: BTreeMap<String, String> = settings
@@ -115,170 +87,270 @@ impl SourceConnector for KafkaConnector {
                 k.starts_with("schema.registry.") || k.starts_with("basic.auth.")
             })
             .collect();
-        let servers = match (servers, settings.get("bootstrap.servers")) {
-            ("", None) => {
-                return Err(err("no bootstrap servers: name them in LOCATION \
-                     ('kafka://HOST:PORT/TOPIC') or as bootstrap.servers in the \
-                     properties_file"
-                    .into()));
-            }
-            ("", Some(s)) => s.clone(),
-            (s, Some(other)) if s != other => {
-                return Err(err(format!(
-                    "LOCATION names the brokers {s} but bootstrap.servers is {other}: give \
-                     them once (write LOCATION 'kafka:///TOPIC' to take them from the \
-                     settings)"
-                )));
-            }
-            (s, _) => s.to_string(),
-        };
+        let servers = bootstrap_servers(ctx, servers, &settings)?;
         let mut o = KafkaSourceOptions::new(&servers, topics);
-        o.key_format = match t
-            .options
-            .get("key_format")
-            .map(|s| s.to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("raw") => KeyFormat::Raw,
-            Some("string") => KeyFormat::String,
-            // Built with the registry, once the timeouts are read.
-            Some("avro") => KeyFormat::Raw,
-            Some("json") => {
-                let Some(cols) = ctx.option("key_columns") else {
-                    return Err(err(
-                        "key_format 'json' needs the key's columns: OPTIONS ('key_columns' \
-                         'region VARCHAR, id BIGINT')"
-                            .into(),
-                    ));
-                };
-                KeyFormat::Json(
-                    lakestream_job::parse_columns(cols)
-                        .await
-                        .map_err(|m| err(format!("option key_columns {cols:?}: {m}")))?,
-                )
-            }
-            Some(other) => {
-                return Err(err(format!(
-                    "key_format {other:?} is not supported: use raw, string, json or avro"
-                )));
-            }
-        };
-        if ctx.option("key_columns").is_some() && !matches!(o.key_format, KeyFormat::Json(_)) {
-            return Err(err("option key_columns needs 'key_format' 'json'".into()));
-        }
+        o.key_format = key_format(ctx).await?;
+        positions(ctx, &mut o)?;
+        reading(ctx, &mut o)?;
+        let mut value_schema = t.schema.clone();
+        o.format = value_format(ctx, &o, &registry_file, &mut value_schema).await?;
         let avro_keys = ctx
             .option("key_format")
             .is_some_and(|f| f.eq_ignore_ascii_case("avro"));
-        let offsets_map = |key: &str,
-                           v: &str|
-         -> Result<
-            std::collections::BTreeMap<String, std::collections::BTreeMap<i32, i64>>,
-        > {
-            let raw: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>> =
-                serde_json::from_str(v).map_err(|e| {
-                    err(format!(
-                        "option {key}: expected 'earliest', 'latest' or a JSON map like {{\"topic\": {{\"0\": 42}}}}: {e}"
-                    ))
-                })?;
-            raw.into_iter()
-                .map(|(t, ps)| {
-                    let ps = ps
-                        .into_iter()
-                        .map(|(p, o)| {
-                            p.parse::<i32>().map(|p| (p, o)).map_err(|_| {
-                                err(format!("option {key}: partition {p:?} is not a number"))
-                            })
-                        })
-                        .collect::<Result<_>>()?;
-                    Ok((t, ps))
-                })
-                .collect()
-        };
-        match (
-            t.options.get("starting_offsets"),
-            t.options.get("starting_timestamp"),
-        ) {
-            (Some(_), Some(_)) => {
+        if avro_keys {
+            o.key_format =
+                KeyFormat::Avro(avro_values(ctx, &o, &registry_file, AvroPart::Key).await?);
+        }
+        check_registry_options(ctx, &o.format, avro_keys)?;
+        o.client_config = settings;
+        o.client_config.remove("bootstrap.servers");
+        Ok(Arc::new(KafkaSource::try_new(&t.name, value_schema, o)?))
+    }
+}
+
+/// The brokers (empty when LOCATION leaves them to the settings) and the
+/// topics of `LOCATION 'kafka://HOST:PORT[,...]/TOPIC[,...]'` or
+/// `topic_pattern`.
+fn location<'a>(ctx: &TableContext<'a>) -> Result<(&'a str, Topics)> {
+    let t = ctx.table();
+    let err = |msg: String| -> Error { ctx.error(msg) };
+    let rest = t.location.strip_prefix("kafka://").ok_or_else(|| {
+        err(format!(
+            "a KAFKA table's LOCATION is kafka://HOST:PORT[,HOST:PORT]/TOPIC[,TOPIC], got {:?}",
+            t.location
+        ))
+    })?;
+    let (servers, topics) = rest.split_once('/').unwrap_or((rest, ""));
+    let topics: Vec<String> = topics
+        .split(',')
+        .map(|s| s.trim().trim_end_matches('/').to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let topics = match (t.options.get("topic_pattern"), topics.is_empty()) {
+        (Some(p), true) => Topics::Pattern(
+            regex::Regex::new(p).map_err(|e| err(format!("topic_pattern {p:?}: {e}")))?,
+        ),
+        (None, false) => Topics::List(topics),
+        (Some(_), false) => {
+            return Err(err(
+                "name topics in LOCATION or give 'topic_pattern', not both".into(),
+            ));
+        }
+        (None, true) => {
+            return Err(err(format!(
+                "no topic: write LOCATION 'kafka://{servers}/TOPIC' or set 'topic_pattern'"
+            )));
+        }
+    };
+    Ok((servers, topics))
+}
+
+/// The bootstrap servers: LOCATION's, or the settings' when LOCATION
+/// names none; both, only when they agree.
+fn bootstrap_servers(
+    ctx: &TableContext<'_>,
+    servers: &str,
+    settings: &BTreeMap<String, String>,
+) -> Result<String> {
+    let err = |msg: String| -> Error { ctx.error(msg) };
+    Ok(match (servers, settings.get("bootstrap.servers")) {
+        ("", None) => {
+            return Err(err("no bootstrap servers: name them in LOCATION \
+                     ('kafka://HOST:PORT/TOPIC') or as bootstrap.servers in the \
+                     properties_file"
+                .into()));
+        }
+        ("", Some(s)) => s.clone(),
+        (s, Some(other)) if s != other => {
+            return Err(err(format!(
+                "LOCATION names the brokers {s} but bootstrap.servers is {other}: give \
+                     them once (write LOCATION 'kafka:///TOPIC' to take them from the \
+                     settings)"
+            )));
+        }
+        (s, _) => s.to_string(),
+    })
+}
+
+/// `key_format` (`raw`, `string`, `json` with `key_columns`; `avro` is
+/// built with the registry later, and reads raw until then).
+async fn key_format(ctx: &TableContext<'_>) -> Result<KeyFormat> {
+    let t = ctx.table();
+    let err = |msg: String| -> Error { ctx.error(msg) };
+    let key_format = match t
+        .options
+        .get("key_format")
+        .map(|s| s.to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("raw") => KeyFormat::Raw,
+        Some("string") => KeyFormat::String,
+        // Built with the registry, once the timeouts are read.
+        Some("avro") => KeyFormat::Raw,
+        Some("json") => {
+            let Some(cols) = ctx.option("key_columns") else {
                 return Err(err(
-                    "give 'starting_offsets' or 'starting_timestamp', not both".into(),
+                    "key_format 'json' needs the key's columns: OPTIONS ('key_columns' \
+                         'region VARCHAR, id BIGINT')"
+                        .into(),
                 ));
-            }
-            (None, Some(ts)) => {
-                o.starting_offsets = StartingOffsets::Timestamp(ts.parse().map_err(|_| {
-                    err(format!(
-                        "starting_timestamp must be milliseconds since the epoch, got {ts:?}"
-                    ))
-                })?)
-            }
-            (Some(v), None) => {
-                o.starting_offsets = match v.as_str() {
-                    "earliest" => StartingOffsets::Earliest,
-                    "latest" => StartingOffsets::Latest,
-                    json => StartingOffsets::Map(offsets_map("starting_offsets", json)?),
-                }
-            }
-            (None, None) => {}
-        }
-        if let Some(v) = t.options.get("ending_offsets") {
-            o.ending_offsets = Some(match v.as_str() {
-                "latest" => EndingOffsets::Latest,
-                json => EndingOffsets::Map(offsets_map("ending_offsets", json)?),
-            });
-        }
-        o.max_offsets_per_trigger = ctx.number("max_offsets_per_trigger")?;
-        if let Some(v) = t.options.get("fail_on_data_loss") {
-            o.fail_on_data_loss = match v.to_ascii_lowercase().as_str() {
-                "true" => true,
-                "false" => false,
-                _ => {
-                    return Err(err(format!(
-                        "fail_on_data_loss must be true or false, got {v:?}"
-                    )));
-                }
             };
+            KeyFormat::Json(
+                lakestream_job::parse_columns(cols)
+                    .await
+                    .map_err(|m| err(format!("option key_columns {cols:?}: {m}")))?,
+            )
         }
-        for (key, field) in [
-            ("read_timeout", &mut o.read_timeout),
-            ("request_timeout", &mut o.request_timeout),
-            ("unavailable_timeout", &mut o.unavailable_timeout),
-        ] {
-            if let Some(d) = ctx.duration(key, |v| {
-                format!("{key} must be a duration like 30s, got {v:?}")
-            })? {
-                *field = d;
+        Some(other) => {
+            return Err(err(format!(
+                "key_format {other:?} is not supported: use raw, string, json or avro"
+            )));
+        }
+    };
+    if ctx.option("key_columns").is_some() && !matches!(key_format, KeyFormat::Json(_)) {
+        return Err(err("option key_columns needs 'key_format' 'json'".into()));
+    }
+    Ok(key_format)
+}
+
+/// Option `key`'s JSON map of offsets, `{"topic": {"0": 42}}`.
+fn offsets_map(ctx: &TableContext<'_>, key: &str, v: &str) -> Result<PartitionOffsetMap> {
+    let err = |msg: String| -> Error { ctx.error(msg) };
+    let raw: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>> =
+        serde_json::from_str(v).map_err(|e| {
+            err(format!(
+                "option {key}: expected 'earliest', 'latest' or a JSON map like {{\"topic\": {{\"0\": 42}}}}: {e}"
+            ))
+        })?;
+    raw.into_iter()
+        .map(|(t, ps)| {
+            let ps = ps
+                .into_iter()
+                .map(|(p, o)| {
+                    p.parse::<i32>()
+                        .map(|p| (p, o))
+                        .map_err(|_| err(format!("option {key}: partition {p:?} is not a number")))
+                })
+                .collect::<Result<_>>()?;
+            Ok((t, ps))
+        })
+        .collect()
+}
+
+/// The offsets of one topic's partitions, by topic.
+type PartitionOffsetMap = BTreeMap<String, BTreeMap<i32, i64>>;
+
+/// Where reading starts (`starting_offsets`, `starting_timestamp`) and
+/// ends (`ending_offsets`).
+fn positions(ctx: &TableContext<'_>, o: &mut KafkaSourceOptions) -> Result<()> {
+    let t = ctx.table();
+    let err = |msg: String| -> Error { ctx.error(msg) };
+    match (
+        t.options.get("starting_offsets"),
+        t.options.get("starting_timestamp"),
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "give 'starting_offsets' or 'starting_timestamp', not both".into(),
+            ));
+        }
+        (None, Some(ts)) => {
+            o.starting_offsets = StartingOffsets::Timestamp(ts.parse().map_err(|_| {
+                err(format!(
+                    "starting_timestamp must be milliseconds since the epoch, got {ts:?}"
+                ))
+            })?)
+        }
+        (Some(v), None) => {
+            o.starting_offsets = match v.as_str() {
+                "earliest" => StartingOffsets::Earliest,
+                "latest" => StartingOffsets::Latest,
+                json => StartingOffsets::Map(offsets_map(ctx, "starting_offsets", json)?),
             }
         }
-        o.commit_group = t.options.get("commit_offsets_to_group").cloned();
-        o.group_id = t.options.get("group_id").cloned();
-        if let Some(b) = ctx.count("batch_size")? {
-            o.batch_size = b;
+        (None, None) => {}
+    }
+    if let Some(v) = t.options.get("ending_offsets") {
+        o.ending_offsets = Some(match v.as_str() {
+            "latest" => EndingOffsets::Latest,
+            json => EndingOffsets::Map(offsets_map(ctx, "ending_offsets", json)?),
+        });
+    }
+    Ok(())
+}
+
+/// How batches read: caps, data loss, timeouts, groups, partitions,
+/// consumers, isolation, undecodable records.
+fn reading(ctx: &TableContext<'_>, o: &mut KafkaSourceOptions) -> Result<()> {
+    let t = ctx.table();
+    let err = |msg: String| -> Error { ctx.error(msg) };
+    o.max_offsets_per_trigger = ctx.number("max_offsets_per_trigger")?;
+    if let Some(v) = t.options.get("fail_on_data_loss") {
+        o.fail_on_data_loss = match v.to_ascii_lowercase().as_str() {
+            "true" => true,
+            "false" => false,
+            _ => {
+                return Err(err(format!(
+                    "fail_on_data_loss must be true or false, got {v:?}"
+                )));
+            }
+        };
+    }
+    for (key, field) in [
+        ("read_timeout", &mut o.read_timeout),
+        ("request_timeout", &mut o.request_timeout),
+        ("unavailable_timeout", &mut o.unavailable_timeout),
+    ] {
+        if let Some(d) = ctx.duration(key, |v| {
+            format!("{key} must be a duration like 30s, got {v:?}")
+        })? {
+            *field = d;
         }
-        o.on_error = crate::on_error(ctx)?;
-        if let Some(v) = ctx.option("partitions") {
-            let parsed: Option<std::collections::BTreeSet<i32>> = v
-                .split(',')
-                .map(|p| p.trim().parse::<i32>().ok().filter(|p| *p >= 0))
-                .collect();
-            o.partitions = Some(parsed.filter(|p| !p.is_empty()).ok_or_else(|| {
-                ctx.error(format!(
-                    "option partitions of {}: {v:?} is not a list of partition numbers; give \
+    }
+    o.commit_group = t.options.get("commit_offsets_to_group").cloned();
+    o.group_id = t.options.get("group_id").cloned();
+    if let Some(b) = ctx.count("batch_size")? {
+        o.batch_size = b;
+    }
+    o.on_error = crate::on_error(ctx)?;
+    if let Some(v) = ctx.option("partitions") {
+        let parsed: Option<std::collections::BTreeSet<i32>> = v
+            .split(',')
+            .map(|p| p.trim().parse::<i32>().ok().filter(|p| *p >= 0))
+            .collect();
+        o.partitions = Some(parsed.filter(|p| !p.is_empty()).ok_or_else(|| {
+            ctx.error(format!(
+                "option partitions of {}: {v:?} is not a list of partition numbers; give \
                      e.g. '0,2,4'",
-                    t.name
-                ))
-            })?);
-        }
-        if let Some(n) = ctx.count("consumers")? {
-            o.consumers = n;
-        }
-        if let Some(v) = t.options.get("isolation_level") {
-            o.isolation_level = IsolationLevel::from_name(v).ok_or_else(|| {
-                err(format!(
-                    "isolation_level {v:?}: use read_committed or read_uncommitted"
-                ))
-            })?;
-        }
-        let mut value_schema = t.schema.clone();
-        o.format = match t
+                t.name
+            ))
+        })?);
+    }
+    if let Some(n) = ctx.count("consumers")? {
+        o.consumers = n;
+    }
+    if let Some(v) = t.options.get("isolation_level") {
+        o.isolation_level = IsolationLevel::from_name(v).ok_or_else(|| {
+            err(format!(
+                "isolation_level {v:?}: use read_committed or read_uncommitted"
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// `format`: the values' format, with the registry for Avro and Protobuf
+/// (Protobuf's columns come from the schema when none are declared).
+async fn value_format(
+    ctx: &TableContext<'_>,
+    o: &KafkaSourceOptions,
+    registry_file: &BTreeMap<String, String>,
+    value_schema: &mut Option<arrow::datatypes::SchemaRef>,
+) -> Result<ValueFormat> {
+    let t = ctx.table();
+    let err = |msg: String| -> Error { ctx.error(msg) };
+    Ok(
+        match t
             .options
             .get("format")
             .map(|s| s.to_ascii_lowercase())
@@ -288,12 +360,12 @@ impl SourceConnector for KafkaConnector {
             Some("raw") => ValueFormat::Raw,
             Some("string") => ValueFormat::String,
             Some("avro") => {
-                ValueFormat::Avro(avro_values(ctx, &o, &registry_file, AvroPart::Value).await?)
+                ValueFormat::Avro(avro_values(ctx, o, registry_file, AvroPart::Value).await?)
             }
             Some("protobuf") => {
-                let registry = registry_client(ctx, &o, &registry_file)?;
+                let registry = registry_client(ctx, o, registry_file)?;
                 if t.schema.as_ref().is_none_or(|s| s.fields().is_empty()) {
-                    value_schema = Some(protobuf_columns(ctx, &o, &registry).await?);
+                    *value_schema = Some(protobuf_columns(ctx, o, &registry).await?);
                 }
                 ValueFormat::Protobuf(ProtobufValues { registry })
             }
@@ -302,30 +374,33 @@ impl SourceConnector for KafkaConnector {
                     "format {other:?} is not supported: use json, avro, protobuf, raw or string"
                 )));
             }
-        };
-        if avro_keys {
-            o.key_format =
-                KeyFormat::Avro(avro_values(ctx, &o, &registry_file, AvroPart::Key).await?);
+        },
+    )
+}
+
+/// Refuse registry options the formats do not use.
+fn check_registry_options(
+    ctx: &TableContext<'_>,
+    format: &ValueFormat,
+    avro_keys: bool,
+) -> Result<()> {
+    let err = |msg: String| -> Error { ctx.error(msg) };
+    let registry_values = matches!(format, ValueFormat::Avro(_) | ValueFormat::Protobuf(_));
+    if !registry_values {
+        if ctx.option("value_subject").is_some() {
+            return Err(err("option value_subject needs 'format' 'avro'".into()));
         }
-        let registry_values = matches!(o.format, ValueFormat::Avro(_) | ValueFormat::Protobuf(_));
-        if !registry_values {
-            if ctx.option("value_subject").is_some() {
-                return Err(err("option value_subject needs 'format' 'avro'".into()));
-            }
-            if ctx.option("schema_registry_url").is_some() && !avro_keys {
-                return Err(err(
+        if ctx.option("schema_registry_url").is_some() && !avro_keys {
+            return Err(err(
                     "option schema_registry_url needs 'format' 'avro' or 'protobuf', or 'key_format' 'avro'"
                         .into(),
                 ));
-            }
         }
-        if ctx.option("key_subject").is_some() && !avro_keys {
-            return Err(err("option key_subject needs 'key_format' 'avro'".into()));
-        }
-        o.client_config = settings;
-        o.client_config.remove("bootstrap.servers");
-        Ok(Arc::new(KafkaSource::try_new(&t.name, value_schema, o)?))
     }
+    if ctx.option("key_subject").is_some() && !avro_keys {
+        return Err(err("option key_subject needs 'key_format' 'avro'".into()));
+    }
+    Ok(())
 }
 
 /// The librdkafka settings of a Kafka table: those of its
