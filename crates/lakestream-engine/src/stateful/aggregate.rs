@@ -241,78 +241,12 @@ impl StatefulAggregate {
             ..Default::default()
         };
         let parts = rebatch(&schema, parts).map_err(df)?;
-        let mut changed: Vec<RecordBatch> = Vec::new();
-        if !parts.is_empty() {
-            let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
-            drop(parts); // only `new` is needed from here: half the memory
-            let session = self.evict.filter(|e| e.kind == EvictKind::Session);
-            // A batch touching many groups merges them a slice of keys at a
-            // time (each key in one slice), so what the merge holds at once
-            // (DataFusion's hash table, the stored states looked up, the
-            // merged rows) is bounded by the slice, not by the batch.
-            let keys = found.group_by.expr().len();
-            let slices = match session {
-                Some(_) => vec![None],
-                None => key_slices(&new, keys, MERGE_SLICE).map_err(df)?,
-            };
-            for slice in slices {
-                let new = match slice {
-                    None => new.clone(),
-                    Some(rows) => {
-                        arrow::compute::take_record_batch(&new, &rows).map_err(|e| df(e.into()))?
-                    }
-                };
-                // What to merge: the batch's states and the stored ones of the
-                // same groups. A session window's stored sessions of those
-                // groups are merged with the batch's where they overlap, and
-                // the merged sessions replace them.
-                let (input, replaced) = match session {
-                    Some(evict) => {
-                        let old = store.lookup_indexed(&new)?;
-                        let mut all = vec![new];
-                        all.extend(old.as_ref().map(|(o, _)| o.clone()));
-                        let all = concat_batches(&schema, &all).map_err(|e| df(e.into()))?;
-                        let all = merge_sessions(&all, evict.index, keys).map_err(df)?;
-                        (vec![all], old)
-                    }
-                    None => {
-                        let buckets = self.buckets(&store, &new, batch_id)?;
-                        let old = store.lookup(&new, &buckets)?;
-                        (std::iter::once(new).chain(old).collect(), None)
-                    }
-                };
-                let merge = found
-                    .over_states(AggregateMode::PartialReduce, input, &schema)
-                    .map_err(df)?;
-                let merged = rebatch(
-                    &schema,
-                    collect(Arc::new(merge), ctx.clone()).await.map_err(df)?,
-                )
-                .map_err(df)?;
-                if let Some((o, buckets)) = replaced {
-                    store.remove_keys(&o, &buckets)?;
-                }
-                // Each merged batch is dropped once upserted: a batch opening
-                // many groups holds them once in Arrow form, not again until
-                // the commit (append and complete modes keep nothing).
-                for b in merged {
-                    let buckets = self.buckets(&store, &b, batch_id)?;
-                    if self.dedup {
-                        // Only keys not seen before are new output.
-                        let seen = store.contains(&b, &buckets)?;
-                        let fresh: BooleanArray = seen.iter().map(|s| Some(!s)).collect();
-                        let fresh = filter_record_batch(&b, &fresh).map_err(|e| df(e.into()))?;
-                        if fresh.num_rows() > 0 {
-                            changed.push(fresh);
-                        }
-                    } else if self.mode == OutputMode::Update {
-                        changed.push(b.clone());
-                    }
-                    progress.rows_updated += b.num_rows() as u64;
-                    store.upsert(&b, &buckets)?;
-                }
-            }
-        }
+        let changed = if parts.is_empty() {
+            Vec::new()
+        } else {
+            self.merge_parts(&mut store, &found, parts, batch_id, &ctx, &mut progress)
+                .await?
+        };
         let finished = if self.dedup || self.mode == OutputMode::Update {
             // The groups this batch changed (a deduplication's: the keys it
             // saw first) are the output; a group the watermark passed was
@@ -362,20 +296,100 @@ impl StatefulAggregate {
         progress.rows_without_event_time = no_time.load(Ordering::Relaxed);
         drop(store);
 
-        let leaf: Arc<dyn ExecutionPlan> =
-            MemorySourceConfig::try_new_exec(&[out], top_schema, None).map_err(df)?;
-        let top = found.top.clone();
-        let plan = plan
-            .transform_down(|node| {
-                Ok(if Arc::ptr_eq(&node, &top) {
-                    Transformed::new(leaf.clone(), true, TreeNodeRecursion::Jump)
-                } else {
-                    Transformed::no(node)
-                })
-            })
-            .map_err(df)?
-            .data;
+        let plan = replace_node(plan, &found.top, out, top_schema).map_err(df)?;
         Ok((plan, progress))
+    }
+
+    /// Merge the batch's partial states `parts` (their schema the store's)
+    /// with the stored states of the same groups into the store, a slice of
+    /// keys at a time; returns the output this batch changed (a
+    /// deduplication's new keys, an update-mode aggregation's changed
+    /// groups).
+    async fn merge_parts(
+        &self,
+        store: &mut StateStore,
+        found: &Found,
+        parts: Vec<RecordBatch>,
+        batch_id: u64,
+        ctx: &Arc<TaskContext>,
+        progress: &mut StateProgress,
+    ) -> Result<Vec<RecordBatch>> {
+        let df = |e: DataFusionError| Error::Execution {
+            batch_id,
+            source: Box::new(e),
+        };
+        let schema = store.schema().clone();
+        let mut changed: Vec<RecordBatch> = Vec::new();
+        let new = concat_batches(&schema, &parts).map_err(|e| df(e.into()))?;
+        drop(parts); // only `new` is needed from here: half the memory
+        let session = self.evict.filter(|e| e.kind == EvictKind::Session);
+        // A batch touching many groups merges them a slice of keys at a
+        // time (each key in one slice), so what the merge holds at once
+        // (DataFusion's hash table, the stored states looked up, the
+        // merged rows) is bounded by the slice, not by the batch.
+        let keys = found.group_by.expr().len();
+        let slices = match session {
+            Some(_) => vec![None],
+            None => key_slices(&new, keys, MERGE_SLICE).map_err(df)?,
+        };
+        for slice in slices {
+            let new = match slice {
+                None => new.clone(),
+                Some(rows) => {
+                    arrow::compute::take_record_batch(&new, &rows).map_err(|e| df(e.into()))?
+                }
+            };
+            // What to merge: the batch's states and the stored ones of the
+            // same groups. A session window's stored sessions of those
+            // groups are merged with the batch's where they overlap, and
+            // the merged sessions replace them.
+            let (input, replaced) = match session {
+                Some(evict) => {
+                    let old = store.lookup_indexed(&new)?;
+                    let mut all = vec![new];
+                    all.extend(old.as_ref().map(|(o, _)| o.clone()));
+                    let all = concat_batches(&schema, &all).map_err(|e| df(e.into()))?;
+                    let all = merge_sessions(&all, evict.index, keys).map_err(df)?;
+                    (vec![all], old)
+                }
+                None => {
+                    let buckets = self.buckets(store, &new, batch_id)?;
+                    let old = store.lookup(&new, &buckets)?;
+                    (std::iter::once(new).chain(old).collect(), None)
+                }
+            };
+            let merge = found
+                .over_states(AggregateMode::PartialReduce, input, &schema)
+                .map_err(df)?;
+            let merged = rebatch(
+                &schema,
+                collect(Arc::new(merge), ctx.clone()).await.map_err(df)?,
+            )
+            .map_err(df)?;
+            if let Some((o, buckets)) = replaced {
+                store.remove_keys(&o, &buckets)?;
+            }
+            // Each merged batch is dropped once upserted: a batch opening
+            // many groups holds them once in Arrow form, not again until
+            // the commit (append and complete modes keep nothing).
+            for b in merged {
+                let buckets = self.buckets(store, &b, batch_id)?;
+                if self.dedup {
+                    // Only keys not seen before are new output.
+                    let seen = store.contains(&b, &buckets)?;
+                    let fresh: BooleanArray = seen.iter().map(|s| Some(!s)).collect();
+                    let fresh = filter_record_batch(&b, &fresh).map_err(|e| df(e.into()))?;
+                    if fresh.num_rows() > 0 {
+                        changed.push(fresh);
+                    }
+                } else if self.mode == OutputMode::Update {
+                    changed.push(b.clone());
+                }
+                progress.rows_updated += b.num_rows() as u64;
+                store.upsert(&b, &buckets)?;
+            }
+        }
+        Ok(changed)
     }
 
     /// Wait for the state snapshot being written in the background, if
@@ -422,4 +436,24 @@ impl StatefulAggregate {
         }
         Ok(buckets)
     }
+}
+
+/// `plan` with the node `top` replaced by the batches `out` (of schema
+/// `schema`).
+fn replace_node(
+    plan: Arc<dyn ExecutionPlan>,
+    top: &Arc<dyn ExecutionPlan>,
+    out: Vec<RecordBatch>,
+    schema: SchemaRef,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let leaf: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(&[out], schema, None)?;
+    Ok(plan
+        .transform_down(|node| {
+            Ok(if Arc::ptr_eq(&node, top) {
+                Transformed::new(leaf.clone(), true, TreeNodeRecursion::Jump)
+            } else {
+                Transformed::no(node)
+            })
+        })?
+        .data)
 }
