@@ -410,60 +410,15 @@ impl Inner {
     ) -> Result<BatchStream> {
         let name = self.name.clone();
         let store = self.location.store().clone();
-        let location = self.location.clone();
-        let schema = self.schema.clone();
-        let partition_columns = self.partition_columns.clone();
-        let batch_size = self.options.batch_size;
-        let path = location.child(&file.path);
-        let url = location.url_of(&path);
+        let path = self.location.child(&file.path);
+        let url = self.location.url_of(&path);
         let malformed = |reason: String| Error::Malformed {
             source_name: name.clone(),
             file: url.clone(),
             line: None,
             reason,
         };
-        // The rows each deletion vector deletes, ascending.
-        let rows_of = |dv: Option<deltalake::kernel::DeletionVectorDescriptor>| {
-            let engine = engine.clone();
-            let mut root = location.url().clone();
-            if !root.path().ends_with('/') {
-                root.set_path(&format!("{}/", root.path()));
-            }
-            async move {
-                let Some(dv) = dv else {
-                    return Ok(Vec::new());
-                };
-                tokio::task::spawn_blocking(move || {
-                    let dv: buoyant_kernel::actions::deletion_vector::DeletionVectorDescriptor =
-                        dv.try_into().map_err(|e| format!("{e}"))?;
-                    dv.row_indexes(engine.storage_handler(), &root)
-                        .map_err(|e| format!("{e}"))
-                })
-                .await
-                .map_err(|e| malformed(format!("reading its deletion vector: {e}")))?
-                .map_err(|e| malformed(format!("reading its deletion vector: {e}")))
-            }
-        };
-        let mut deleted = rows_of(file.deletion_vector.clone()).await?;
-        deleted.sort_unstable();
-        let filter = Arc::new(match &file.vector_change {
-            None => RowFilter::Exclude(deleted),
-            Some(vc) => {
-                let mut before = rows_of(vc.before.clone()).await?;
-                before.sort_unstable();
-                let (from, minus) = if vc.restored {
-                    (&before, &deleted)
-                } else {
-                    (&deleted, &before)
-                };
-                RowFilter::Include(
-                    from.iter()
-                        .filter(|r| minus.binary_search(r).is_err())
-                        .copied()
-                        .collect(),
-                )
-            }
-        });
+        let filter = self.row_filter(&file, engine, &malformed).await?;
         let mut row = 0u64;
         let size = match file.size {
             // A remove action without its size: ask the store.
@@ -475,18 +430,23 @@ impl Inner {
             }
             n => n,
         };
-        let change = file.change.clone();
         let (file_schema, stream) =
-            lakestream_source::files::open_parquet(store, path, size, batch_size)
+            lakestream_source::files::open_parquet(store, path, size, self.options.batch_size)
                 .await
                 .map_err(malformed)?;
-        let parts: Vec<(usize, Option<String>)> = schema
-            .fields()
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| partition_columns.iter().any(|p| p == f.name()))
-            .map(|(i, f)| (i, file.partition_values.get(f.name()).cloned().flatten()))
-            .collect();
+        let columns = FileColumns {
+            schema: self.schema.clone(),
+            partitions: self
+                .schema
+                .fields()
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| self.partition_columns.iter().any(|p| p == f.name()))
+                .map(|(i, f)| (i, file.partition_values.get(f.name()).cloned().flatten()))
+                .collect(),
+            file_schema,
+            change: file.change.clone(),
+        };
         Ok(stream
             .map(move |b| {
                 let b = b.map_err(|e| Error::Malformed {
@@ -500,78 +460,7 @@ impl Inner {
                     file: url.clone(),
                     reason,
                 };
-                let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-                for (i, field) in schema.fields().iter().enumerate() {
-                    if let Some(c) = &change {
-                        let n = b.num_rows();
-                        match field.name().as_str() {
-                            "_change_type" if c.kind.is_some() => {
-                                cols.push(Arc::new(StringArray::from(vec![
-                                    c.kind
-                                        .unwrap_or_default(
-                                        );
-                                    n
-                                ])));
-                                continue;
-                            }
-                            "_commit_version" => {
-                                cols.push(Arc::new(arrow::array::Int64Array::from(vec![
-                                    c.version
-                                        as i64;
-                                    n
-                                ])));
-                                continue;
-                            }
-                            "_commit_timestamp" => {
-                                cols.push(Arc::new(
-                                    arrow::array::TimestampMicrosecondArray::from(vec![
-                                        c.timestamp_ms
-                                            * 1000;
-                                        n
-                                    ])
-                                    .with_timezone("UTC"),
-                                ));
-                                continue;
-                            }
-                            _ => {}
-                        }
-                    }
-                    if let Some((_, v)) = parts.iter().find(|(p, _)| *p == i) {
-                        cols.push(match v {
-                            None => new_null_array(field.data_type(), b.num_rows()),
-                            Some(v) => {
-                                let s: ArrayRef =
-                                    Arc::new(StringArray::from(vec![v.as_str(); b.num_rows()]));
-                                arrow::compute::cast(&s, field.data_type()).map_err(|e| {
-                                    schema_err(format!(
-                                        "partition value {v:?} of column {} is not a {}: {e}",
-                                        field.name(),
-                                        field.data_type()
-                                    ))
-                                })?
-                            }
-                        });
-                        continue;
-                    }
-                    match file_schema.index_of(field.name()) {
-                        Ok(j) if b.column(j).data_type() == field.data_type() => {
-                            cols.push(b.column(j).clone())
-                        }
-                        Ok(j) => cols.push(
-                            arrow::compute::cast(b.column(j), field.data_type()).map_err(|e| {
-                                schema_err(format!(
-                                    "column {} is {} in the file, not {}: {e}",
-                                    field.name(),
-                                    b.column(j).data_type(),
-                                    field.data_type()
-                                ))
-                            })?,
-                        ),
-                        Err(_) => cols.push(new_null_array(field.data_type(), b.num_rows())),
-                    }
-                }
-                let out = RecordBatch::try_new(schema.clone(), cols)
-                    .map_err(|e| schema_err(e.to_string()))?;
+                let out = columns.conform(&b).map_err(schema_err)?;
                 // Rows are numbered across the file as it was written.
                 let first = row;
                 row += out.num_rows() as u64;
@@ -582,5 +471,148 @@ impl Inner {
                     .map_err(|e| schema_err(e.to_string()))
             })
             .boxed())
+    }
+
+    /// The rows of `file` to read: all but those its deletion vector
+    /// deletes, or, for a file whose vector a commit replaced, those whose
+    /// state changed.
+    async fn row_filter(
+        &self,
+        file: &DataFile,
+        engine: Arc<dyn buoyant_kernel::Engine>,
+        malformed: &(impl Fn(String) -> Error + Sync),
+    ) -> Result<Arc<RowFilter>> {
+        let mut root = self.location.url().clone();
+        if !root.path().ends_with('/') {
+            root.set_path(&format!("{}/", root.path()));
+        }
+        // The rows each deletion vector deletes, ascending.
+        let rows_of = |dv: Option<deltalake::kernel::DeletionVectorDescriptor>| {
+            let engine = engine.clone();
+            let root = root.clone();
+            async move {
+                let Some(dv) = dv else {
+                    return Ok(Vec::new());
+                };
+                let mut rows = tokio::task::spawn_blocking(move || {
+                    let dv: buoyant_kernel::actions::deletion_vector::DeletionVectorDescriptor =
+                        dv.try_into().map_err(|e| format!("{e}"))?;
+                    dv.row_indexes(engine.storage_handler(), &root)
+                        .map_err(|e| format!("{e}"))
+                })
+                .await
+                .map_err(|e| malformed(format!("reading its deletion vector: {e}")))?
+                .map_err(|e| malformed(format!("reading its deletion vector: {e}")))?;
+                rows.sort_unstable();
+                Ok::<_, Error>(rows)
+            }
+        };
+        let deleted = rows_of(file.deletion_vector.clone()).await?;
+        Ok(Arc::new(match &file.vector_change {
+            None => RowFilter::Exclude(deleted),
+            Some(vc) => {
+                let before = rows_of(vc.before.clone()).await?;
+                let (from, minus) = if vc.restored {
+                    (&before, &deleted)
+                } else {
+                    (&deleted, &before)
+                };
+                RowFilter::Include(
+                    from.iter()
+                        .filter(|r| minus.binary_search(r).is_err())
+                        .copied()
+                        .collect(),
+                )
+            }
+        }))
+    }
+}
+
+/// How one data file's batches become batches of the source's schema.
+struct FileColumns {
+    /// The source's schema.
+    schema: SchemaRef,
+    /// The file's own schema.
+    file_schema: SchemaRef,
+    /// Partition columns (by index in `schema`) and the file's values.
+    partitions: Vec<(usize, Option<String>)>,
+    /// The change-feed columns' values, in a change-feed source.
+    change: Option<Change>,
+}
+
+impl FileColumns {
+    /// `b` (read from the file) with the source's columns: change-feed
+    /// columns and partition values filled in, the file's columns taken by
+    /// name (cast when their type differs), missing ones NULL. The error
+    /// is the reason.
+    fn conform(&self, b: &RecordBatch) -> std::result::Result<RecordBatch, String> {
+        let n = b.num_rows();
+        let mut cols: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        for (i, field) in self.schema.fields().iter().enumerate() {
+            if let Some(c) = &self.change {
+                match field.name().as_str() {
+                    "_change_type" if c.kind.is_some() => {
+                        cols.push(Arc::new(StringArray::from(vec![
+                            c.kind.unwrap_or_default();
+                            n
+                        ])));
+                        continue;
+                    }
+                    "_commit_version" => {
+                        cols.push(Arc::new(arrow::array::Int64Array::from(vec![
+                            c.version
+                                as i64;
+                            n
+                        ])));
+                        continue;
+                    }
+                    "_commit_timestamp" => {
+                        cols.push(Arc::new(
+                            arrow::array::TimestampMicrosecondArray::from(vec![
+                                c.timestamp_ms
+                                    * 1000;
+                                n
+                            ])
+                            .with_timezone("UTC"),
+                        ));
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some((_, v)) = self.partitions.iter().find(|(p, _)| *p == i) {
+                cols.push(match v {
+                    None => new_null_array(field.data_type(), n),
+                    Some(v) => {
+                        let s: ArrayRef = Arc::new(StringArray::from(vec![v.as_str(); n]));
+                        arrow::compute::cast(&s, field.data_type()).map_err(|e| {
+                            format!(
+                                "partition value {v:?} of column {} is not a {}: {e}",
+                                field.name(),
+                                field.data_type()
+                            )
+                        })?
+                    }
+                });
+                continue;
+            }
+            match self.file_schema.index_of(field.name()) {
+                Ok(j) if b.column(j).data_type() == field.data_type() => {
+                    cols.push(b.column(j).clone())
+                }
+                Ok(j) => cols.push(
+                    arrow::compute::cast(b.column(j), field.data_type()).map_err(|e| {
+                        format!(
+                            "column {} is {} in the file, not {}: {e}",
+                            field.name(),
+                            b.column(j).data_type(),
+                            field.data_type()
+                        )
+                    })?,
+                ),
+                Err(_) => cols.push(new_null_array(field.data_type(), n)),
+            }
+        }
+        RecordBatch::try_new(self.schema.clone(), cols).map_err(|e| e.to_string())
     }
 }
