@@ -70,88 +70,33 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
         let pos = starts.get(i).copied().unwrap_or_default();
         match &stmt {
             Statement::CreateExternalTable(c) => {
-                let name = c
-                    .name
-                    .0
-                    .last()
-                    .map(|p| p.to_string().trim_matches('"').to_string())
-                    .unwrap_or_default();
-                let plan = ctx
-                    .state()
-                    .statement_to_plan(stmt.clone())
-                    .await
-                    .map_err(|e| err(pos_of(&e).unwrap_or(pos), e.strip_backtrace()))?;
-                let LogicalPlan::Ddl(DdlStatement::CreateExternalTable(cmd)) = plan else {
-                    return Err(err(pos, "expected CREATE EXTERNAL TABLE".into()));
-                };
-                let schema = (!c.columns.is_empty()).then(|| cmd.schema.inner().clone());
-                let options = cmd
-                    .options
-                    .iter()
-                    .map(|(k, v)| {
-                        let key = c
-                            .options
-                            .iter()
-                            .find(|(orig, _)| orig.eq_ignore_ascii_case(k))
-                            .map(|(orig, _)| orig.to_lowercase())
-                            .unwrap_or_else(|| {
-                                k.strip_prefix(NAMESPACED_PREFIX).unwrap_or(k).to_string()
-                            });
-                        (key, v.clone())
-                    })
-                    .collect();
+                let table = table_decl(&ctx, &stmt, c, pos, &err).await?;
                 if tables
                     .iter()
-                    .any(|t: &TableDecl| t.name.eq_ignore_ascii_case(&name))
+                    .any(|t: &TableDecl| t.name.eq_ignore_ascii_case(&table.name))
                 {
-                    return Err(err(pos, format!("table {name} is declared twice")));
+                    return Err(err(pos, format!("table {} is declared twice", table.name)));
                 }
-                tables.push(TableDecl {
-                    name,
-                    format: c.file_type.to_ascii_uppercase(),
-                    location: c.locations.first().cloned().unwrap_or_default(),
-                    schema,
-                    options,
-                    unbounded: c.unbounded,
-                    partition_cols: c.table_partition_cols.clone(),
-                    statement: stmt.clone(),
-                    pos,
-                });
+                tables.push(table);
             }
             Statement::Statement(s) => match s.as_ref() {
                 ast::Statement::Insert(ins) => {
-                    let ast::TableObject::TableName(target) = &ins.table else {
-                        return Err(err(pos, "INSERT INTO needs a table name".into()));
-                    };
-                    let Some(query) = &ins.source else {
-                        return Err(err(pos, "INSERT INTO needs a SELECT".into()));
-                    };
-                    let mut rewritten = query.clone();
-                    crate::window::rewrite_window_references(&mut rewritten);
-                    let target = target
-                        .0
-                        .last()
-                        .map(|p| p.to_string().trim_matches('"').to_string())
-                        .unwrap_or_default();
+                    let insert = insert_decl(ins, pos, &err)?;
                     if inserts
                         .iter()
-                        .any(|i| i.target.eq_ignore_ascii_case(&target))
+                        .any(|i| i.target.eq_ignore_ascii_case(&insert.target))
                     {
                         return Err(err(
                             pos,
                             format!(
-                                "the job inserts into {target} twice: one batch is committed \
+                                "the job inserts into {} twice: one batch is committed \
                                  to a table once, so the second INSERT would never be \
-                                 written; combine them with UNION ALL in one INSERT"
+                                 written; combine them with UNION ALL in one INSERT",
+                                insert.target
                             ),
                         ));
                     }
-                    inserts.push(InsertDecl {
-                        target,
-                        columns: ins.columns.iter().map(|c| c.to_string()).collect(),
-                        query: Statement::Statement(Box::new(ast::Statement::Query(rewritten))),
-                        pos: span_pos(&query.span()).unwrap_or(pos),
-                    });
+                    inserts.push(insert);
                 }
                 ast::Statement::Set(_) => settings.push(stmt.clone()),
                 other => {
@@ -192,7 +137,93 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
         tables,
         inserts,
     };
-    // Which formats can be the target is the connector registry's to say.
+    check_inputs_and_outputs(&job)?;
+    Ok(job)
+}
+
+/// The declaration a `CREATE [UNBOUNDED] EXTERNAL TABLE` statement `stmt`
+/// (`c`, at `pos`) makes, planned by DataFusion for its columns and
+/// options.
+async fn table_decl(
+    ctx: &SessionContext,
+    stmt: &Statement,
+    c: &datafusion::sql::parser::CreateExternalTable,
+    pos: Pos,
+    err: &impl Fn(Pos, String) -> Error,
+) -> Result<TableDecl> {
+    let name = c
+        .name
+        .0
+        .last()
+        .map(|p| p.to_string().trim_matches('"').to_string())
+        .unwrap_or_default();
+    let plan = ctx
+        .state()
+        .statement_to_plan(stmt.clone())
+        .await
+        .map_err(|e| err(pos_of(&e).unwrap_or(pos), e.strip_backtrace()))?;
+    let LogicalPlan::Ddl(DdlStatement::CreateExternalTable(cmd)) = plan else {
+        return Err(err(pos, "expected CREATE EXTERNAL TABLE".into()));
+    };
+    let schema = (!c.columns.is_empty()).then(|| cmd.schema.inner().clone());
+    let options = cmd
+        .options
+        .iter()
+        .map(|(k, v)| {
+            let key = c
+                .options
+                .iter()
+                .find(|(orig, _)| orig.eq_ignore_ascii_case(k))
+                .map(|(orig, _)| orig.to_lowercase())
+                .unwrap_or_else(|| k.strip_prefix(NAMESPACED_PREFIX).unwrap_or(k).to_string());
+            (key, v.clone())
+        })
+        .collect();
+    Ok(TableDecl {
+        name,
+        format: c.file_type.to_ascii_uppercase(),
+        location: c.locations.first().cloned().unwrap_or_default(),
+        schema,
+        options,
+        unbounded: c.unbounded,
+        partition_cols: c.table_partition_cols.clone(),
+        statement: stmt.clone(),
+        pos,
+    })
+}
+
+/// The `INSERT INTO target SELECT ...` `ins` at `pos`, its query with
+/// window references rewritten.
+fn insert_decl(
+    ins: &ast::Insert,
+    pos: Pos,
+    err: &impl Fn(Pos, String) -> Error,
+) -> Result<InsertDecl> {
+    let ast::TableObject::TableName(target) = &ins.table else {
+        return Err(err(pos, "INSERT INTO needs a table name".into()));
+    };
+    let Some(query) = &ins.source else {
+        return Err(err(pos, "INSERT INTO needs a SELECT".into()));
+    };
+    let mut rewritten = query.clone();
+    crate::window::rewrite_window_references(&mut rewritten);
+    let target = target
+        .0
+        .last()
+        .map(|p| p.to_string().trim_matches('"').to_string())
+        .unwrap_or_default();
+    Ok(InsertDecl {
+        target,
+        columns: ins.columns.iter().map(|c| c.to_string()).collect(),
+        query: Statement::Statement(Box::new(ast::Statement::Query(rewritten))),
+        pos: span_pos(&query.span()).unwrap_or(pos),
+    })
+}
+
+/// Each `INSERT` targets a declared table that is not a stream, and the
+/// job reads at least one stream. (Which formats can be the target is the
+/// connector registry's to say.)
+fn check_inputs_and_outputs(job: &Job) -> Result<()> {
     for insert in &job.inserts {
         match job.table(&insert.target) {
             Some(t) if t.unbounded => {
@@ -225,7 +256,7 @@ pub async fn parse_job(file: &str, text: &str) -> Result<Job> {
             "the job reads no stream: declare its input with CREATE UNBOUNDED EXTERNAL TABLE",
         ));
     }
-    Ok(job)
+    Ok(())
 }
 
 fn first_words(s: &str) -> String {
