@@ -386,7 +386,6 @@ async fn verify_table(
     check: &TableCheck<'_>,
     options: &HashMap<String, String>,
 ) -> anyhow::Result<Report> {
-    let (identity, sink, strict) = (check.identity, check.sink, check.strict);
     let query_id = view.metadata().query_id.to_string();
     let table_url = table_url.to_string();
     let table = load(&table_url, options).await?;
@@ -397,9 +396,24 @@ async fn verify_table(
         ..Default::default()
     };
     let latest = table.version().context("the table has no version yet")? as u64;
-    // A table whose features the writer does not keep cannot take more
-    // batches, and its rows may not follow its rules.
-    let loc = Location::parse(&table_url, options)?;
+    check_features(&table_url, options, &mut r).await?;
+    let commits = read_log(&table, latest, &mut r).await?;
+    let by_batch = batches_in_table(&commits, &query_id, &mut r);
+    check_position_chains(&commits, &mut r);
+    check_marks(view, &by_batch, check, &mut r).await?;
+    check_ranges(view, &by_batch, check, &mut r).await?;
+    check_orphans(&table, &table_url, &commits, check.strict, options, &mut r).await?;
+    Ok(r)
+}
+
+/// A table whose features the writer does not keep cannot take more
+/// batches, and its rows may not follow its rules.
+async fn check_features(
+    table_url: &str,
+    options: &HashMap<String, String>,
+    r: &mut Report,
+) -> anyhow::Result<()> {
+    let loc = Location::parse(table_url, options)?;
     if let Some(features) = lakestream::delta::table_features(&loc).await? {
         for f in &features.features {
             r.features
@@ -413,10 +427,18 @@ async fn verify_table(
         }
     }
 
-    // The log, oldest first, from the first version it still holds.
+    Ok(())
+}
+
+/// The table's log, oldest first, from the first version it still holds.
+async fn read_log(
+    table: &DeltaTable,
+    latest: u64,
+    r: &mut Report,
+) -> anyhow::Result<Vec<LogCommit>> {
     let mut commits = Vec::new();
     for v in (0..=latest).rev() {
-        match read_commit(&table, v).await? {
+        match read_commit(table, v).await? {
             Some(c) => commits.push(c),
             None => break,
         }
@@ -432,10 +454,19 @@ async fn verify_table(
         ));
     }
 
-    // Every batch of this query in the table, exactly once.
+    Ok(commits)
+}
+
+/// Every batch of query `query_id` in the table, by batch id: each must
+/// be there once.
+fn batches_in_table<'a>(
+    commits: &'a [LogCommit],
+    query_id: &str,
+    r: &mut Report,
+) -> BTreeMap<u64, Vec<&'a LogCommit>> {
     let mut by_batch: BTreeMap<u64, Vec<&LogCommit>> = BTreeMap::new();
-    for c in &commits {
-        let txn = c.txns.get(&query_id).copied();
+    for c in commits {
+        let txn = c.txns.get(query_id).copied();
         if let Some(Err(e)) = &c.lineage {
             r.errors.push(format!(
                 "version {}: its lineage record (commitInfo.lakestream) does not parse: {e}",
@@ -466,6 +497,20 @@ async fn verify_table(
             ));
         }
     }
+    by_batch
+}
+
+/// The checkpoint's marks against the table: each batch of `commits/N`
+/// where it says, none missing between the first and the last, dropped
+/// (superseded) batches absent, and no write-ahead record lost inside the
+/// retained window.
+async fn check_marks(
+    view: &CheckpointView,
+    by_batch: &BTreeMap<u64, Vec<&LogCommit>>,
+    check: &TableCheck<'_>,
+    r: &mut Report,
+) -> anyhow::Result<()> {
+    let (identity, sink) = (check.identity, check.sink);
     // Batches dropped because another process committed their partitions
     // first (Kafka group mode) are not in the table, by design.
     let mut dropped: BTreeSet<u64> = BTreeSet::new();
@@ -483,7 +528,6 @@ async fn verify_table(
             }
         }
     }
-    check_position_chains(&commits, &mut r);
     if !check.dead_letters
         && let (Some(&first), Some(&last)) = (by_batch.keys().next(), by_batch.keys().last())
     {
@@ -559,9 +603,7 @@ async fn verify_table(
         }
     }
 
-    check_ranges(view, &by_batch, check, &mut r).await?;
-    check_orphans(&table, &table_url, &commits, strict, options, &mut r).await?;
-    Ok(r)
+    Ok(())
 }
 
 /// Each batch's ranges in its commit: contiguous per source, equal to
