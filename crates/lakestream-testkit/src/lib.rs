@@ -24,6 +24,7 @@
 //! declare a job, feed its sources, run a batch, check the table.
 
 pub mod broker;
+pub mod s3;
 pub mod sink;
 pub mod slt;
 

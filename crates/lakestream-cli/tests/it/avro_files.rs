@@ -108,7 +108,7 @@ fn undeclared_avro_columns_come_from_the_first_file_and_a_broken_file_is_named()
          INSERT INTO out SELECT event_id, place.city AS city, ref FROM events;\n",
     )
     .unwrap();
-    let o = run_in(dir, &RUN_JOB);
+    let o = run_in(dir, &run_job_args("ckpt"));
     assert!(o.status.success(), "{}", text(&o));
     let rows = read_py(&dir.join("out"));
     assert_eq!(rows.len(), 10);
@@ -117,7 +117,7 @@ fn undeclared_avro_columns_come_from_the_first_file_and_a_broken_file_is_named()
 
     // Not an Avro file: the batch fails naming it, nothing is written.
     std::fs::write(dir.join("in/b.avro"), b"Obj\x01 not really avro").unwrap();
-    let o = run_in(dir, &RUN_JOB);
+    let o = run_in(dir, &run_job_args("ckpt"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(stderr(&o).contains("b.avro"), "{}", text(&o));
     assert_eq!(read_py(&dir.join("out")).len(), 10);

@@ -392,13 +392,13 @@ fn crash_loop(
     panic!("the job never completed");
 }
 
-/// [`kill_until_done`] of [`RUN_JOB`] in `dir` with at most `max_kills`
+/// [`kill_until_done`] of [`run_job_args`] in `dir` with at most `max_kills`
 /// kills at clock-seeded moments, within 240 s, starting over from `dir` as
 /// it was until at least `min_kills` land; returns the kills landed.
 pub(crate) fn kill_run_job(dir: &Path, max_kills: usize, min_kills: usize) -> usize {
     kill_until_done_with(
         dir,
-        &RUN_JOB,
+        &run_job_args("ckpt"),
         &[],
         &Kills {
             max: max_kills,
@@ -410,15 +410,29 @@ pub(crate) fn kill_run_job(dir: &Path, max_kills: usize, min_kills: usize) -> us
     )
 }
 
-/// `lakestream run job.sql` to the end of the input, checkpointed at `ckpt`.
-pub(crate) const RUN_JOB: [&str; 6] = [
-    "run",
-    "job.sql",
-    "--checkpoint",
-    "ckpt",
-    "--trigger",
-    "available-now",
-];
+/// `lakestream run job.sql` to the end of the input, checkpointed at
+/// `ckpt`.
+pub(crate) fn run_job_args(ckpt: &str) -> [&str; 6] {
+    [
+        "run",
+        "job.sql",
+        "--checkpoint",
+        ckpt,
+        "--trigger",
+        "available-now",
+    ]
+}
+
+/// [`run_job_args`] in `dir`, checkpointed at `ckpt/`.
+pub(crate) fn run_job(dir: &Path) -> Output {
+    run_in(dir, &run_job_args("ckpt"))
+}
+
+/// [`run_job_args`] in `dir`, checkpointed at `ckpt`, printing each
+/// batch's progress as JSON.
+pub(crate) fn run_job_progress(dir: &Path, ckpt: &str) -> Output {
+    run_available_now(dir, "job.sql", ckpt, &[], &["--progress-json"])
+}
 
 /// Run the job `job(table)` gives once without kills into table `clean`
 /// (checkpoint `clean_ckpt`), then as `job.sql` into `out` (checkpoint
@@ -451,7 +465,7 @@ pub(crate) fn killed_run_writes_the_clean_table(
     eprintln!("clean run: {clean_run:?}");
     let kills = kill_until_done_with(
         dir,
-        &RUN_JOB,
+        &run_job_args("ckpt"),
         &[],
         &Kills {
             max: max_kills,

@@ -213,7 +213,7 @@ fn a_crash_loop_whose_kills_come_after_the_job_is_done_starts_over_until_they_la
     // small batches long before its kill is due, so no kill lands in it.
     let kills = kill_until_done_with(
         dir,
-        &RUN_JOB,
+        &run_job_args("ckpt"),
         &[],
         &Kills {
             max: 4,

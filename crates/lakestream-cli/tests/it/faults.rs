@@ -3,7 +3,7 @@
 
 use crate::common::*;
 
-fn run_job(
+fn run_with_fail_point(
     dir: &std::path::Path,
     job: &str,
     ckpt: &str,
@@ -24,7 +24,7 @@ fn a_crash_at_any_protocol_step_leaves_the_table_equal_to_an_uninterrupted_run()
     write_events(&input, 0, 6, 20);
 
     std::fs::write(dir.join("ref.sql"), events_job(&input, &dir.join("ref"), 2)).unwrap();
-    let o = run_job(dir, "ref.sql", "ref_ckpt", None);
+    let o = run_with_fail_point(dir, "ref.sql", "ref_ckpt", None);
     assert!(o.status.success(), "{}", text(&o));
     let reference = multiset(&read_py(&dir.join("ref")));
     assert_eq!(reference.len(), 6 * 16);
@@ -39,7 +39,7 @@ fn a_crash_at_any_protocol_step_leaves_the_table_equal_to_an_uninterrupted_run()
             )
             .unwrap();
             let ckpt = format!("{name}_ckpt");
-            let o = run_job(
+            let o = run_with_fail_point(
                 dir,
                 &format!("{name}.sql"),
                 &ckpt,
@@ -51,7 +51,7 @@ fn a_crash_at_any_protocol_step_leaves_the_table_equal_to_an_uninterrupted_run()
                 "{name}: {}",
                 text(&o)
             );
-            let o = run_job(dir, &format!("{name}.sql"), &ckpt, None);
+            let o = run_with_fail_point(dir, &format!("{name}.sql"), &ckpt, None);
             assert!(o.status.success(), "{name}: {}", text(&o));
             let progress: Vec<serde_json::Value> = String::from_utf8(o.stdout.clone())
                 .unwrap()

@@ -61,10 +61,6 @@ pub(crate) fn spec(extra: Value) -> Value {
     s
 }
 
-pub(crate) fn run_job(dir: &Path) -> std::process::Output {
-    run_in(dir, &RUN_JOB)
-}
-
 /// The event ids of a dead-letter table's rows (each row's record is the
 /// output row as JSON), sorted, with the rules they broke.
 pub(crate) fn dead_letter_ids(table: &Path) -> (Vec<String>, Vec<String>) {

@@ -6,21 +6,6 @@ use std::time::{Duration, Instant};
 use crate::broker::{Broker, assert_records_once, kafka_job, orders};
 use crate::common::*;
 
-fn run_job(dir: &std::path::Path, ckpt: &str) -> std::process::Output {
-    run_in(
-        dir,
-        &[
-            "run",
-            "job.sql",
-            "--checkpoint",
-            ckpt,
-            "--trigger",
-            "available-now",
-            "--progress-json",
-        ],
-    )
-}
-
 /// The order ids of `rows`, sorted.
 pub(crate) fn order_ids(rows: &[serde_json::Value]) -> Vec<String> {
     let mut v: Vec<String> = rows
@@ -68,7 +53,7 @@ fn kafka_to_delta_exactly_once_through_sigkills() {
     // whose job finished before two kills landed starts over.
     let (kills, outputs) = kill_until_done_logged(
         dir,
-        &RUN_JOB,
+        &run_job_args("ckpt"),
         &[],
         &Kills {
             max: 6,
@@ -172,11 +157,11 @@ fn kafka_starting_and_ending_offsets() {
         ),
     )
     .unwrap();
-    let o = run_job(dir, "ck_latest");
+    let o = run_job_progress(dir, "ck_latest");
     assert!(o.status.success(), "{}", text(&o));
     let second = orders(100, 10);
     broker.produce("t", 2, &second);
-    let o = run_job(dir, "ck_latest");
+    let o = run_job_progress(dir, "ck_latest");
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
         order_ids(&read_py(&dir.join("latest"))),
@@ -197,7 +182,7 @@ fn kafka_starting_and_ending_offsets() {
         ),
     )
     .unwrap();
-    let o = run_job(dir, "ck_ranged");
+    let o = run_job_progress(dir, "ck_ranged");
     assert!(o.status.success(), "{}", text(&o));
     let rows = read_py(&dir.join("ranged"));
     let mut got: Vec<(i64, i64)> = rows
@@ -240,7 +225,7 @@ fn kafka_starting_and_ending_offsets() {
     );
     // Bounded: later records are never read by this job.
     broker.produce("t", 2, &orders(200, 10));
-    let o = run_job(dir, "ck_ranged");
+    let o = run_job_progress(dir, "ck_ranged");
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(read_py(&dir.join("ranged")).len(), 6);
 }
@@ -261,7 +246,7 @@ fn kafka_partitions_that_appear_later_are_read_from_their_start() {
         &format!("{}'", broker.bootstrap()),
     );
     std::fs::write(dir.join("job.sql"), job).unwrap();
-    let o = run_job(dir, "ckpt");
+    let o = run_job_progress(dir, "ckpt");
     assert!(o.status.success(), "{}", text(&o));
     broker.create_topic("grow-b", 3);
     let more = orders(50, 30);
@@ -269,7 +254,7 @@ fn kafka_partitions_that_appear_later_are_read_from_their_start() {
     broker.create_topic("other", 1);
     broker.produce("other", 1, &orders(900, 5));
     all.extend(more);
-    let o = run_job(dir, "ckpt");
+    let o = run_job_progress(dir, "ckpt");
     assert!(o.status.success(), "{}", text(&o));
     let rows = read_py(&dir.join("out"));
     assert_eq!(order_ids(&rows), expected_ids(&all));
@@ -299,7 +284,7 @@ fn kafka_malformed_records_and_lost_offsets_are_clear_errors() {
         kafka_job(&broker.bootstrap(), "bad", "out", ""),
     )
     .unwrap();
-    let o = run_job(dir, "ckpt");
+    let o = run_job_progress(dir, "ckpt");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -320,11 +305,11 @@ fn kafka_malformed_records_and_lost_offsets_are_clear_errors() {
         kafka_job(&broker2.bootstrap(), "gone", "out2", ""),
     )
     .unwrap();
-    assert!(run_job(dir, "ckpt2").status.success());
+    assert!(run_job_progress(dir, "ckpt2").status.success());
     broker2.delete_topic("gone");
     broker2.create_topic("gone", 1);
     broker2.produce("gone", 1, &orders(100, 3));
-    let o = run_job(dir, "ckpt2");
+    let o = run_job_progress(dir, "ckpt2");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("data loss on topic gone partition 0"), "{err}");
@@ -339,7 +324,7 @@ fn kafka_malformed_records_and_lost_offsets_are_clear_errors() {
         ),
     )
     .unwrap();
-    let o = run_job(dir, "ckpt2");
+    let o = run_job_progress(dir, "ckpt2");
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("data loss skipped"),
@@ -367,7 +352,7 @@ fn kafka_transaction_markers_are_stepped_over() {
     )
     .unwrap();
     let started = Instant::now();
-    let o = run_job(dir, "ckpt");
+    let o = run_job_progress(dir, "ckpt");
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         started.elapsed() < Duration::from_secs(15),
@@ -399,7 +384,7 @@ fn the_kafka_example_runs_as_documented() {
         .unwrap()
         .replace("127.0.0.1:9092", &broker.bootstrap());
     std::fs::write(dir.join("job.sql"), job).unwrap();
-    let o = run_job(dir, "target/orders/_checkpoint");
+    let o = run_job_progress(dir, "target/orders/_checkpoint");
     assert!(o.status.success(), "{}", text(&o));
     let rows = read_py(&dir.join("target/orders/orders"));
     let want: Vec<String> = expected_ids(&records)
@@ -440,7 +425,7 @@ fn a_replayed_range_the_log_no_longer_holds_fails_promptly_or_is_skipped_and_rec
     broker.produce("trunc", 1, &orders(100, 3));
 
     let started = Instant::now();
-    let o = run_job(dir, "ckpt");
+    let o = run_job_progress(dir, "ckpt");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -460,7 +445,7 @@ fn a_replayed_range_the_log_no_longer_holds_fails_promptly_or_is_skipped_and_rec
     // batch sees the recreated topic (its id changed) and reads it from its
     // start, each record once.
     std::fs::write(dir.join("job.sql"), job(", 'fail_on_data_loss' 'false'")).unwrap();
-    let o = run_job(dir, "ckpt");
+    let o = run_job_progress(dir, "ckpt");
     assert!(o.status.success(), "{}", text(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("trunc/0 offsets 10..20"), "{}", text(&o));
@@ -499,7 +484,7 @@ fn a_topic_that_does_not_exist_fails_after_the_configured_wait_naming_it() {
     )
     .unwrap();
     let started = Instant::now();
-    let o = run_job(dir, "ckpt");
+    let o = run_job_progress(dir, "ckpt");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

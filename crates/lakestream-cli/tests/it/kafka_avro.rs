@@ -309,7 +309,7 @@ fn undeclared_columns_come_from_the_subject_and_stay_pinned_under_kill_9() {
     .unwrap();
     let (kills, _) = kill_until_done_logged(
         dir,
-        &RUN_JOB,
+        &run_job_args("ckpt"),
         &[("LS_TEST_SR_PASSWORD", REGISTRY_PASSWORD.to_string())],
         &Kills {
             max: 4,

@@ -58,7 +58,7 @@ fn topics_compressed_with_every_codec_are_read_exactly_once() {
         let placed = produce_py(&broker, &topic, &[("compression.type", codec)], &records);
         let tmp = job_dir(&broker, &topic, "'max_offsets_per_trigger' '5'");
         let dir = tmp.path();
-        let o = run_in(dir, &RUN_JOB);
+        let o = run_in(dir, &run_job_args("ckpt"));
         assert!(o.status.success(), "{codec}: {}", text(&o));
         let rows = read_py(&dir.join("out"));
         assert_eq!(rows.len(), records.len(), "{codec}");
@@ -88,7 +88,7 @@ fn a_tls_only_broker_is_read_exactly_once_under_kill_9() {
     let dir = tmp.path();
     let (kills, outputs) = kill_until_done_logged(
         dir,
-        &RUN_JOB,
+        &run_job_args("ckpt"),
         &[],
         &Kills {
             max: 5,
@@ -129,7 +129,7 @@ fn a_broker_whose_certificate_another_ca_signed_fails_the_query_naming_it() {
     )
     .unwrap();
     let started = Instant::now();
-    let o = run_in(dir, &RUN_JOB);
+    let o = run_in(dir, &run_job_args("ckpt"));
     let took = started.elapsed();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = error_line(&o);
@@ -171,7 +171,7 @@ fn sasl_scram_and_plain_handshakes_reach_the_broker_and_a_refusal_is_named() {
             ),
         );
         let dir = tmp.path();
-        let o = run_in(dir, &RUN_JOB);
+        let o = run_in(dir, &run_job_args("ckpt"));
         assert_eq!(o.status.code(), Some(1), "{mechanism}: {}", text(&o));
         let err = error_line(&o);
         for part in [
@@ -214,7 +214,7 @@ fn mutual_tls_with_an_encrypted_client_key_reads_the_topic_and_no_certificate_is
     let placed = produce_py(&broker, "orders", &[], &records);
     let tmp = job_dir(&broker, "orders", &broker.job_options());
     let dir = tmp.path();
-    let o = run_in(dir, &RUN_JOB);
+    let o = run_in(dir, &run_job_args("ckpt"));
     assert!(o.status.success(), "{}", text(&o));
     assert_records_once(&read_py(&dir.join("out")), &placed);
     assert!(
@@ -230,7 +230,7 @@ fn mutual_tls_with_an_encrypted_client_key_reads_the_topic_and_no_certificate_is
         .collect::<Vec<_>>()
         .join(", ");
     let tmp = job_dir(&broker, "orders", &format!("'request_timeout' '2s', {ca}"));
-    let o = run_in(tmp.path(), &RUN_JOB);
+    let o = run_in(tmp.path(), &run_job_args("ckpt"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = error_line(&o);
     assert!(err.contains(&broker.bootstrap()), "{err}");
@@ -260,7 +260,7 @@ fn a_certificate_for_another_name_is_refused_unless_endpoint_identification_is_o
         "orders",
         &format!("'request_timeout' '2s', {checked}"),
     );
-    let o = run_in(tmp.path(), &RUN_JOB);
+    let o = run_in(tmp.path(), &run_job_args("ckpt"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = error_line(&o);
     assert!(
@@ -269,7 +269,7 @@ fn a_certificate_for_another_name_is_refused_unless_endpoint_identification_is_o
         "{err}"
     );
     let tmp = job_dir(&broker, "orders", &broker.job_options());
-    let o = run_in(tmp.path(), &RUN_JOB);
+    let o = run_in(tmp.path(), &run_job_args("ckpt"));
     assert!(o.status.success(), "{}", text(&o));
     assert_records_once(&read_py(&tmp.path().join("out")), &placed);
 }
@@ -330,7 +330,7 @@ fn oauthbearer_oidc_fetches_a_token_with_the_client_credentials_and_never_prints
             tokens.url()
         ),
     );
-    let o = run_in(tmp.path(), &RUN_JOB);
+    let o = run_in(tmp.path(), &run_job_args("ckpt"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = error_line(&o);
     assert!(
@@ -363,7 +363,7 @@ fn a_setting_librdkafka_refuses_is_named_without_its_value() {
         "'kafka.security.protocol' 'SASL_PLAINTEXT', 'kafka.sasl.mechanism' 'PLAIN', \
          'kafka.sasl.passwd' 'hunter6-never'",
     );
-    let o = run_in(tmp.path(), &RUN_JOB);
+    let o = run_in(tmp.path(), &run_job_args("ckpt"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = error_line(&o);
     assert!(
@@ -428,7 +428,7 @@ fn string_keys_are_text_and_a_key_that_is_not_utf8_is_a_bad_record() {
     .1;
     // Without dead letters the batch fails naming the record.
     let tmp = job_dir(&broker, "orders", "'key_format' 'string'");
-    let o = run_in(tmp.path(), &RUN_JOB);
+    let o = run_in(tmp.path(), &run_job_args("ckpt"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = error_line(&o);
     assert!(
@@ -442,7 +442,7 @@ fn string_keys_are_text_and_a_key_that_is_not_utf8_is_a_bad_record() {
         "order_id, _key, upper(_key) AS shout",
     );
     let dir = tmp.path();
-    let o = run_in(dir, &RUN_JOB);
+    let o = run_in(dir, &run_job_args("ckpt"));
     assert!(o.status.success(), "{}", text(&o));
     // A text column: string functions apply to it.
     let mut keys: Vec<(serde_json::Value, serde_json::Value)> = read_py(&dir.join("out"))
@@ -502,7 +502,7 @@ fn settings_come_from_a_properties_file_and_the_environment_never_the_job_file()
     // Unset, the variable is named and nothing runs.
     let o = bin()
         .current_dir(dir)
-        .args(RUN_JOB)
+        .args(run_job_args("ckpt"))
         .env_remove("LS_TEST_KEY_PASSWORD")
         .output()
         .unwrap();
@@ -516,7 +516,7 @@ fn settings_come_from_a_properties_file_and_the_environment_never_the_job_file()
 
     let o = bin()
         .current_dir(dir)
-        .args(RUN_JOB)
+        .args(run_job_args("ckpt"))
         .env("LS_TEST_KEY_PASSWORD", CLIENT_KEY_PASSWORD)
         .output()
         .unwrap();
@@ -541,7 +541,7 @@ fn settings_come_from_a_properties_file_and_the_environment_never_the_job_file()
     .unwrap();
     let o = bin()
         .current_dir(dir)
-        .args(RUN_JOB)
+        .args(run_job_args("ckpt"))
         .env("LS_TEST_KEY_PASSWORD", CLIENT_KEY_PASSWORD)
         .env("LS_TEST_WRONG", "not-the-password")
         .output()
@@ -562,7 +562,7 @@ fn settings_come_from_a_properties_file_and_the_environment_never_the_job_file()
         ),
     )
     .unwrap();
-    let o = run_in(dir, &RUN_JOB);
+    let o = run_in(dir, &run_job_args("ckpt"));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(error_line(&o).contains("group.id"), "{}", text(&o));
 }
@@ -592,7 +592,7 @@ fn json_keys_become_a_struct_of_the_key_columns_and_a_key_that_does_not_fit_is_a
         "order_id, _key.region AS region, _key.id + 100 AS id, _offset",
     );
     let dir = tmp.path();
-    let o = run_in(dir, &RUN_JOB);
+    let o = run_in(dir, &run_job_args("ckpt"));
     assert!(o.status.success(), "{}", text(&o));
     let mut rows: Vec<(i64, serde_json::Value, serde_json::Value)> = read_py(&dir.join("out"))
         .iter()

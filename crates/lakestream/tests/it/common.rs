@@ -80,28 +80,6 @@ pub(crate) async fn count_distinct(table: &std::path::Path, column: &str) -> (i6
 /// reach it, and a fresh prefix URL `s3://<bucket>/<name>-<nanos>/` for one
 /// test. Panics with the way to get a server when none is configured.
 pub(crate) fn s3_server(name: &str) -> (std::collections::HashMap<String, String>, String) {
-    let var = |k: &str| {
-        std::env::var(k).unwrap_or_else(|_| {
-            panic!(
-                "{k} is not set: run ./scripts/test.sh, which installs and starts the \
-                 S3-compatible server these tests use"
-            )
-        })
-    };
-    let options = [
-        ("aws_endpoint", var("LAKESTREAM_S3_ENDPOINT")),
-        ("aws_access_key_id", var("LAKESTREAM_S3_KEY_ID")),
-        ("aws_secret_access_key", var("LAKESTREAM_S3_SECRET")),
-        ("aws_region", "us-east-1".into()),
-        ("aws_allow_http", "true".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let prefix = format!("s3://{}/{name}-{run}/", var("LAKESTREAM_S3_BUCKET"));
-    (options, prefix)
+    let s3 = lakestream_testkit::s3::S3Server::from_env();
+    (s3.options(), s3.prefix(name))
 }
