@@ -346,20 +346,25 @@ impl DeltaSink {
         // Another process may create the table between delta-rs's look and
         // ours (several processes starting on one new table): a log that
         // has commits by the time we list it is loaded again.
-        let mut attempt = 0;
+        use backon::BackoffBuilder;
+        // 20, 40, 80 ms: three more looks.
+        let mut waits = backon::ExponentialBuilder::default()
+            .with_min_delay(std::time::Duration::from_millis(20))
+            .with_factor(2.0)
+            .with_max_times(3)
+            .build();
         loop {
             match BlindDeltaTable::try_new_with_log_store(self.log_store()?).await {
                 Ok(meta) => return Ok(Some(meta)),
-                Err(DeltaTableError::NotATable(msg)) => match no_table_at(&self.location, &msg)
-                    .await
-                {
-                    Ok(()) => return Ok(None),
-                    Err(e) if attempt >= 3 => return Err(self.table_err(e)),
-                    Err(_) => {
-                        attempt += 1;
-                        tokio::time::sleep(std::time::Duration::from_millis(20 * attempt)).await;
+                Err(DeltaTableError::NotATable(msg)) => {
+                    match no_table_at(&self.location, &msg).await {
+                        Ok(()) => return Ok(None),
+                        Err(e) => match waits.next() {
+                            Some(wait) => tokio::time::sleep(wait).await,
+                            None => return Err(self.table_err(e)),
+                        },
                     }
-                },
+                }
                 // The kernel refuses tables it cannot load (one whose commits
                 // a catalog coordinates, say): name the feature when the log
                 // says which.

@@ -307,7 +307,7 @@ impl KafkaSource {
                 skipped,
                 last_progress: Instant::now(),
                 last_bounds_check: Instant::now(),
-                backoff: MIN_READ_BACKOFF,
+                backoff: read_backoff(),
             };
             Ok::<_, Error>(stream::try_unfold(reader, RangeReader::next_batch).boxed())
         };
@@ -349,7 +349,21 @@ pub(super) fn range_gap(pos: i64, end: i64, lo: i64, hi: i64) -> Option<RangeGap
 /// First wait after a transient consume error; doubled up to
 /// [`MAX_READ_BACKOFF`] while errors go on.
 pub(super) const MIN_READ_BACKOFF: Duration = Duration::from_millis(50);
+/// The longest wait between reads that meet only errors.
 pub(super) const MAX_READ_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The waits after transient consume errors: from [`MIN_READ_BACKOFF`],
+/// doubling up to [`MAX_READ_BACKOFF`], for as long as errors go on (a
+/// read's own timeout bounds them); a record read starts them over.
+pub(super) fn read_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(MIN_READ_BACKOFF)
+        .with_max_delay(MAX_READ_BACKOFF)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
+}
 /// How long a reader goes without a record of its ranges before it asks
 /// whether they still exist, and how often it asks again while nothing
 /// comes. A reader that receives records never asks (the plan that made
@@ -378,10 +392,15 @@ pub(super) struct RangeReader {
     skipped: Arc<Mutex<Vec<Skipped>>>,
     last_progress: Instant,
     last_bounds_check: Instant,
-    backoff: Duration,
+    backoff: backon::ExponentialBackoff,
 }
 
 impl RangeReader {
+    /// Sleep the next of [`read_backoff`]'s waits.
+    async fn wait_after_error(&mut self) {
+        tokio::time::sleep(self.backoff.next().unwrap_or(MAX_READ_BACKOFF)).await;
+    }
+
     pub(super) async fn next_batch(mut self) -> Result<Option<(RecordBatch, Self)>> {
         loop {
             self.remaining.retain(|_, (pos, end)| pos < end);
@@ -452,17 +471,15 @@ impl RangeReader {
                     // find which, and fail or skip per fail_on_data_loss.
                     self.sync_positions();
                     if !self.check_log_bounds().await? {
-                        tokio::time::sleep(self.backoff).await;
-                        self.backoff = (self.backoff * 2).min(MAX_READ_BACKOFF);
+                        self.wait_after_error().await;
                     }
                 }
                 Ok(Err(e))
                     if is_transient(&e)
                         || e.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) =>
                 {
-                    tracing::debug!(source = %self.name, error = %e, "transient consumer error; retrying after {:?}", self.backoff);
-                    tokio::time::sleep(self.backoff).await;
-                    self.backoff = (self.backoff * 2).min(MAX_READ_BACKOFF);
+                    tracing::debug!(source = %self.name, error = %e, "transient consumer error; retrying");
+                    self.wait_after_error().await;
                 }
                 Ok(Err(e)) => {
                     return Err(Error::Kafka {
@@ -497,7 +514,7 @@ impl RangeReader {
                     }
                     *pos = off + 1;
                     self.last_progress = Instant::now();
-                    self.backoff = MIN_READ_BACKOFF;
+                    self.backoff = read_backoff();
                     if let Some((id, registry)) = self.builder.missing_schema(&m) {
                         // The borrowed message may not live across the
                         // registry request.

@@ -365,12 +365,18 @@ impl SchemaRegistry {
     /// ([`ATTEMPTS`] rounds over the URLs, with backoff), then are a
     /// transient error; 401/403 are not.
     async fn get(&self, source: &str, path: &str) -> Result<Option<serde_json::Value>> {
+        use backon::BackoffBuilder;
         let mut last = String::new();
-        let mut backoff = Duration::from_millis(100);
+        // 100 ms, then 400 ms, ... between rounds.
+        let mut backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_factor(4.0)
+            .with_max_delay(Duration::from_secs(30))
+            .without_max_times()
+            .build();
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
-                tokio::time::sleep(backoff).await;
-                backoff *= 4;
+                tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
             }
             for base in &self.options.urls {
                 let url = format!("{}{path}", base.trim_end_matches('/'));
