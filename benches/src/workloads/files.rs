@@ -9,34 +9,7 @@ pub(super) fn backfill_workload(cfg: &BenchConfig, dir: &Path) -> anyhow::Result
     // 1. backfill
     let input_bytes = generate_events(&dir.join("events"), cfg.rows, cfg.files)?;
     write_job(dir, "backfill.sql", "out/backfill", "")?;
-    // Rounds of the backfill and its floor (partitioned by day as the
-    // table is), alternated so that neither always runs second on a
-    // machine whose speed drifts; medians of each.
-    let mut runs: Vec<RunReport> = Vec::new();
-    let mut floors: Vec<Floor> = Vec::new();
-    let floor = || raw_limit_process(&dir.join("events"), &dir.join("raw"), true);
-    for round in 0..cfg.repeat.max(1) {
-        for made in ["ckpt/backfill", "out/backfill", "raw"] {
-            if dir.join(made).exists() {
-                std::fs::remove_dir_all(dir.join(made))?;
-            }
-        }
-        if round % 2 == 1 {
-            floors.push(floor()?);
-        }
-        let r = run_job(dir, "backfill.sql", "ckpt/backfill")?;
-        let input_rows = r.sum("input_rows");
-        if input_rows != cfg.rows {
-            bail!(
-                "the backfill's round {round} read {input_rows} rows, expected {}",
-                cfg.rows
-            );
-        }
-        runs.push(r);
-        if round % 2 == 0 {
-            floors.push(floor()?);
-        }
-    }
+    let (mut runs, mut floors) = backfill_rounds(cfg, dir)?;
     let rounds: Vec<String> = runs
         .iter()
         .zip(&floors)
@@ -139,7 +112,67 @@ pub(super) fn backfill_workload(cfg: &BenchConfig, dir: &Path) -> anyhow::Result
         "x",
     );
 
-    // 2b. a windowed aggregation over the same input
+    let (w, groups) = windowed_run(cfg, dir, secs)?;
+    let w_secs = w.wall.as_secs_f64();
+
+    // 2c. the same two queries in Spark Structured Streaming
+    if let Some(python) = &cfg.spark_python {
+        let ours = spark::Ours {
+            backfill: spark::Run {
+                wall: secs,
+                cpu: r.cpu_seconds,
+                rows_written: r
+                    .progress
+                    .iter()
+                    .filter_map(|p| p["output_rows"].as_u64())
+                    .sum(),
+            },
+            windowed: spark::Run {
+                wall: w_secs,
+                cpu: w.cpu_seconds,
+                rows_written: groups,
+            },
+        };
+        spark::compare(python, dir, cfg.rows, &ours)?;
+    }
+    Ok(())
+}
+
+/// Rounds of the backfill and its floor (partitioned by day as the
+/// table is), alternated so that neither always runs second on a machine
+/// whose speed drifts.
+fn backfill_rounds(cfg: &BenchConfig, dir: &Path) -> anyhow::Result<(Vec<RunReport>, Vec<Floor>)> {
+    let mut runs: Vec<RunReport> = Vec::new();
+    let mut floors: Vec<Floor> = Vec::new();
+    let floor = || raw_limit_process(&dir.join("events"), &dir.join("raw"), true);
+    for round in 0..cfg.repeat.max(1) {
+        for made in ["ckpt/backfill", "out/backfill", "raw"] {
+            if dir.join(made).exists() {
+                std::fs::remove_dir_all(dir.join(made))?;
+            }
+        }
+        if round % 2 == 1 {
+            floors.push(floor()?);
+        }
+        let r = run_job(dir, "backfill.sql", "ckpt/backfill")?;
+        let input_rows = r.sum("input_rows");
+        if input_rows != cfg.rows {
+            bail!(
+                "the backfill's round {round} read {input_rows} rows, expected {}",
+                cfg.rows
+            );
+        }
+        runs.push(r);
+        if round % 2 == 0 {
+            floors.push(floor()?);
+        }
+    }
+    Ok((runs, floors))
+}
+
+/// A windowed aggregation over the backfill's input (which took `secs`):
+/// its run and the groups it wrote, with its figures printed.
+fn windowed_run(cfg: &BenchConfig, dir: &Path, secs: f64) -> anyhow::Result<(RunReport, u64)> {
     std::fs::write(dir.join("windowed.sql"), WINDOWED_JOB)?;
     let w = run_job(dir, "windowed.sql", "ckpt/windowed")?;
     let w_secs = w.wall.as_secs_f64();
@@ -171,27 +204,7 @@ pub(super) fn backfill_workload(cfg: &BenchConfig, dir: &Path) -> anyhow::Result
         "x",
     );
 
-    // 2c. the same two queries in Spark Structured Streaming
-    if let Some(python) = &cfg.spark_python {
-        let ours = spark::Ours {
-            backfill: spark::Run {
-                wall: secs,
-                cpu: r.cpu_seconds,
-                rows_written: r
-                    .progress
-                    .iter()
-                    .filter_map(|p| p["output_rows"].as_u64())
-                    .sum(),
-            },
-            windowed: spark::Run {
-                wall: w_secs,
-                cpu: w.cpu_seconds,
-                rows_written: groups,
-            },
-        };
-        spark::compare(python, dir, cfg.rows, &ours)?;
-    }
-    Ok(())
+    Ok((w, groups))
 }
 
 /// The `state` workload.

@@ -27,11 +27,6 @@ pub(super) fn kafka_bench(
     messages: u64,
     group: bool,
 ) -> anyhow::Result<()> {
-    use rdkafka::ClientConfig;
-    use rdkafka::Message;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-
     let bootstrap = broker.bootstrap();
     let messages = match broker.max_backlog(4) {
         Some(max) if messages > max => {
@@ -46,86 +41,9 @@ pub(super) fn kafka_bench(
     };
     let topic = format!("bench-{}", std::process::id());
     broker.create_topic(&topic, 4)?;
-    let producer: BaseProducer = broker.producer_config().create()?;
-    let start = Instant::now();
-    for i in 0..messages {
-        let value = format!(
-            "{{\"order_id\":\"o{i:010}\",\"customer_id\":{},\"amount\":{}.25,\"ts\":\"2026-02-01T00:00:00Z\"}}",
-            i % 9973,
-            i % 500
-        );
-        loop {
-            match producer.send(
-                BaseRecord::<(), String>::to(&topic)
-                    .payload(&value)
-                    .partition((i % 4) as i32),
-            ) {
-                Ok(()) => break,
-                Err((e, _))
-                    if e.rdkafka_error_code()
-                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-                {
-                    producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => bail!("produce: {e}"),
-            }
-        }
-    }
-    producer.flush(Duration::from_secs(300))?;
-    figure("kafka.messages", messages, "messages");
-    figure(
-        "kafka.produce_rate",
-        format!("{:.0}", messages as f64 / start.elapsed().as_secs_f64()),
-        "msg/s",
-    );
+    produce_orders(broker, &topic, messages)?;
 
-    // Raw: consume every partition from offset 0 and decode into Arrow.
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("order_id", DataType::Utf8, false),
-        Field::new("customer_id", DataType::Int64, true),
-        Field::new("amount", DataType::Float64, true),
-        Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true),
-    ]));
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "lakestream-bench")
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in 0..4 {
-        tpl.add_partition_offset(&topic, p, rdkafka::Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    let mut decoder = arrow::json::ReaderBuilder::new(schema)
-        .with_batch_size(8192)
-        .build_decoder()?;
-    let start = Instant::now();
-    let mut got = 0u64;
-    let mut rows = 0usize;
-    while got < messages {
-        if start.elapsed() > Duration::from_secs(600) {
-            bail!("raw consume stalled at {got} of {messages}");
-        }
-        // Transient poll errors are retried like the engine does.
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            if decoder.len() >= 8192 {
-                rows += decoder.flush()?.map(|b| b.num_rows()).unwrap_or(0);
-            }
-            decoder.decode(m.payload().unwrap_or(b"{}"))?;
-            decoder.decode(b"\n")?;
-            got += 1;
-        }
-    }
-    rows += decoder.flush()?.map(|b| b.num_rows()).unwrap_or(0);
-    let raw = start.elapsed().as_secs_f64();
-    if rows as u64 != messages {
-        bail!("raw decode produced {rows} rows of {messages}");
-    }
-    figure(
-        "kafka.raw_rate",
-        format!("{:.0}", messages as f64 / raw),
-        "msg/s",
-    );
+    let raw = raw_consume(bootstrap, &topic, messages)?;
 
     std::fs::write(
         dir.join("kafka.sql"),
@@ -206,6 +124,101 @@ pub(super) fn kafka_bench(
         );
     }
     Ok(())
+}
+
+/// `messages` JSON orders to the 4 partitions of `topic`, round robin.
+fn produce_orders(broker: &broker::Broker, topic: &str, messages: u64) -> anyhow::Result<()> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = broker.producer_config().create()?;
+    let start = Instant::now();
+    for i in 0..messages {
+        let value = format!(
+            "{{\"order_id\":\"o{i:010}\",\"customer_id\":{},\"amount\":{}.25,\"ts\":\"2026-02-01T00:00:00Z\"}}",
+            i % 9973,
+            i % 500
+        );
+        loop {
+            match producer.send(
+                BaseRecord::<(), String>::to(topic)
+                    .payload(&value)
+                    .partition((i % 4) as i32),
+            ) {
+                Ok(()) => break,
+                Err((e, _))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => bail!("produce: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(300))?;
+    figure("kafka.messages", messages, "messages");
+    figure(
+        "kafka.produce_rate",
+        format!("{:.0}", messages as f64 / start.elapsed().as_secs_f64()),
+        "msg/s",
+    );
+
+    Ok(())
+}
+
+/// The raw floor: consume every partition of `topic` from offset 0 and
+/// decode the `messages` into Arrow, in a plain loop; its time in seconds.
+fn raw_consume(bootstrap: &str, topic: &str, messages: u64) -> anyhow::Result<f64> {
+    use rdkafka::ClientConfig;
+    use rdkafka::Message;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("order_id", DataType::Utf8, false),
+        Field::new("customer_id", DataType::Int64, true),
+        Field::new("amount", DataType::Float64, true),
+        Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true),
+    ]));
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "lakestream-bench")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..4 {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut decoder = arrow::json::ReaderBuilder::new(schema)
+        .with_batch_size(8192)
+        .build_decoder()?;
+    let start = Instant::now();
+    let mut got = 0u64;
+    let mut rows = 0usize;
+    while got < messages {
+        if start.elapsed() > Duration::from_secs(600) {
+            bail!("raw consume stalled at {got} of {messages}");
+        }
+        // Transient poll errors are retried like the engine does.
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            if decoder.len() >= 8192 {
+                rows += decoder.flush()?.map(|b| b.num_rows()).unwrap_or(0);
+            }
+            decoder.decode(m.payload().unwrap_or(b"{}"))?;
+            decoder.decode(b"\n")?;
+            got += 1;
+        }
+    }
+    rows += decoder.flush()?.map(|b| b.num_rows()).unwrap_or(0);
+    let raw = start.elapsed().as_secs_f64();
+    if rows as u64 != messages {
+        bail!("raw decode produced {rows} rows of {messages}");
+    }
+    figure(
+        "kafka.raw_rate",
+        format!("{:.0}", messages as f64 / raw),
+        "msg/s",
+    );
+
+    Ok(raw)
 }
 
 /// What [`group_cost`] measured.

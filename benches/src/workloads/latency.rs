@@ -161,35 +161,8 @@ fn one_rate(
 ) -> anyhow::Result<Latency> {
     use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
-    let bootstrap = broker.bootstrap();
-    let topic = format!(
-        "latency-{}-{rate}{}",
-        std::process::id(),
-        if remote.is_some() { "-remote" } else { "" }
-    );
-    broker.create_topic(&topic, 1)?;
-    let job = format!("{topic}.sql");
-    let (location, checkpoint) = match remote {
-        None => (
-            format!("out/latency-{rate}"),
-            format!("ckpt/latency-{rate}"),
-        ),
-        Some(prefix) => {
-            let base = format!("{}/{topic}", prefix.trim_end_matches('/'));
-            (format!("{base}/table"), format!("{base}/ckpt"))
-        }
-    };
+    let (topic, job, location, checkpoint) = latency_job(dir, broker, rate, remote)?;
     let table = dir.join(&location);
-    std::fs::write(
-        dir.join(&job),
-        format!(
-            "CREATE UNBOUNDED EXTERNAL TABLE events (seq BIGINT NOT NULL, produced_ms BIGINT NOT NULL)
-             STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}'
-             OPTIONS ('starting_offsets' 'earliest');
-             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{location}';
-             INSERT INTO out SELECT seq, produced_ms FROM events;"
-        ),
-    )?;
     // Each record's produce time, by seq (the record at offset seq + 1).
     let produced_at = std::sync::Mutex::new(Vec::<f64>::new());
     let acks = AckTimes::default();
@@ -225,36 +198,7 @@ fn one_rate(
         }
     };
 
-    // The query, started as a user starts it: the default trigger. Its
-    // log and progress lines are kept beside the job (set LAKESTREAM_LOG
-    // for more) and named when the query falls behind.
-    let exe = super::lakestream();
-    let log_path = dir.join(format!("{topic}.log"));
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("create the query's log {}", log_path.display()))?;
-    let mut child = Command::new(exe)
-        .current_dir(dir)
-        .args(["run", &job, "--checkpoint", &checkpoint, "--progress-json"])
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()?;
-    let stdout = child.stdout.take().expect("piped");
-    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
-    // Each batch's progress is kept beside the log, one JSON line a batch.
-    let progress_path = dir.join(format!("{topic}.progress.jsonl"));
-    let mut progress_file = std::io::BufWriter::new(
-        std::fs::File::create(&progress_path)
-            .with_context(|| format!("create {}", progress_path.display()))?,
-    );
-    std::thread::spawn(move || {
-        use std::io::Write;
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = writeln!(progress_file, "{line}").and_then(|_| progress_file.flush());
-            if let Ok(v) = serde_json::from_str(&line) {
-                let _ = tx.send(v);
-            }
-        }
-    });
+    let (mut child, rx, log_path) = start_query(dir, &job, &checkpoint, &topic)?;
     let stop = |child: &mut std::process::Child| {
         // SAFETY: kill(2) on a child of this process.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
@@ -310,133 +254,28 @@ fn one_rate(
     stop(&mut child);
     flushed?;
 
-    let mut seen = vec![false; total as usize];
-    let mut lat = Vec::new();
-    let mut waits = Vec::new();
-    let mut parts: [Vec<f64>; 4] = Default::default();
-    // Record `seq` (produced at `produced`) visible at `visible`, written
-    // by the batch of progress `batch`.
-    let mut row = |seq: i64, produced: f64, visible: f64, batch: Option<&serde_json::Value>| {
-        let Ok(i) = usize::try_from(seq) else {
-            return Ok(()); // the warm-up record
-        };
-        if i >= seen.len() || std::mem::replace(&mut seen[i], true) {
-            bail!("record {seq} is in the table twice (or was never sent)");
-        }
-        let d = |key: &str| batch.and_then(|b| b["durations"][key].as_f64());
-        lat.push(visible - produced);
-        if let Some(total) = d("total_ms") {
-            waits.push((visible - total - produced).max(0.0));
-        }
-        for (k, key) in ["plan_ms", "write_ahead_ms", "execute_ms", "commit_ms"]
-            .iter()
-            .enumerate()
-        {
-            if let Some(v) = d(key) {
-                parts[k].push(v);
-            }
-        }
-        Ok(())
-    };
-    let mut files = 0;
-    if remote.is_some() {
+    let mut seen = Visibility::new(total as usize);
+    let files = if remote.is_some() {
         let produced_at = produced_at.into_inner().expect("produce times");
-        let offset = |p: &serde_json::Value, key: &str| {
-            p["sources"][0][key]["partitions"][&topic]["0"]
-                .as_i64()
-                .unwrap_or(0)
-        };
-        for p in &progress {
-            files += p["output_files"].as_u64().unwrap_or(0) as usize;
-            let ended = p["timestamp_ms"].as_f64().unwrap_or(0.0)
-                + p["durations"]["total_ms"].as_f64().unwrap_or(0.0);
-            // Offset 0 is the warm-up record; offset o holds seq o - 1.
-            for o in offset(p, "startOffset")..offset(p, "endOffset") {
-                let seq = o - 1;
-                let produced = usize::try_from(seq)
-                    .ok()
-                    .and_then(|i| produced_at.get(i))
-                    .copied()
-                    .unwrap_or(ended);
-                row(seq, produced, ended, Some(p))?;
-            }
-        }
+        visible_by_batch_end(&progress, &produced_at, &topic, &mut seen)?
     } else {
-        // Each commit: when it appeared, and the batch that made it.
-        let by_version: BTreeMap<u64, &serde_json::Value> = progress
-            .iter()
-            .filter_map(|p| Some((p["table_version"].as_u64()?, p)))
-            .collect();
-        let log = table.join("_delta_log");
-        for entry in std::fs::read_dir(&log).with_context(|| format!("read {}", log.display()))? {
-            let path = entry?.path();
-            let Some(version) = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".json"))
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            let visible = epoch_ms(std::fs::metadata(&path)?.modified()?);
-            let batch = by_version.get(&version).copied();
-            for line in std::fs::read_to_string(&path)?.lines() {
-                let action: serde_json::Value = serde_json::from_str(line)?;
-                let Some(file) = action["add"]["path"].as_str() else {
-                    continue;
-                };
-                files += 1;
-                let file = table.join(
-                    percent_encoding::percent_decode_str(file)
-                        .decode_utf8()
-                        .context("an add path")?
-                        .as_ref(),
-                );
-                let reader =
-                    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
-                        std::fs::File::open(&file)
-                            .with_context(|| format!("open {}", file.display()))?,
-                    )?
-                    .build()?;
-                for b in reader {
-                    let b = b?;
-                    let seq = b
-                        .column_by_name("seq")
-                        .context("a seq column")?
-                        .as_primitive::<Int64Type>();
-                    let produced = b
-                        .column_by_name("produced_ms")
-                        .context("a produced_ms column")?
-                        .as_primitive::<Int64Type>();
-                    for (s, p) in seq.values().iter().zip(produced.values()) {
-                        row(*s, *p as f64, visible, batch)?;
-                    }
-                }
-            }
-        }
-    }
-    if let Some(missing) = seen.iter().position(|s| !s) {
+        visible_by_commit_file(&table, &progress, &mut seen)?
+    };
+    if let Some(missing) = seen.seen.iter().position(|s| !s) {
         bail!("record {missing} is not in the table");
     }
-    // What compaction makes of the many small files of tiny batches.
-    let out = Command::new(super::lakestream())
-        .current_dir(dir)
-        .args(["table", "optimize", "--json", &location])
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "lakestream table optimize failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let m: serde_json::Value = serde_json::from_slice(&out.stdout).context("optimize's JSON")?;
-    let files_after_optimize = (files as u64 + m["files_added"].as_u64().unwrap_or(0))
-        .saturating_sub(m["files_removed"].as_u64().unwrap_or(0));
+    let files_after_optimize = files_after_optimize(dir, &location, files)?;
     let mut ack = acks.0.lock().expect("acks").clone();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         percentile(v, 0.5)
     };
+    let Visibility {
+        mut lat,
+        mut waits,
+        mut parts,
+        ..
+    } = seen;
     lat.sort_by(f64::total_cmp);
     let [plan, write_ahead, execute, commit] = &mut parts;
     Ok(Latency {
@@ -455,6 +294,260 @@ fn one_rate(
         ack: median(&mut ack),
         send_rate: total as f64 / sent.as_secs_f64(),
     })
+}
+
+/// The latency job of `rate` on a new topic of `broker`, written to `dir`:
+/// its topic, job file, table location and checkpoint (on local disk, or
+/// under `remote`).
+fn latency_job(
+    dir: &Path,
+    broker: &Broker,
+    rate: u64,
+    remote: Option<&str>,
+) -> anyhow::Result<(String, String, String, String)> {
+    let bootstrap = broker.bootstrap();
+    let topic = format!(
+        "latency-{}-{rate}{}",
+        std::process::id(),
+        if remote.is_some() { "-remote" } else { "" }
+    );
+    broker.create_topic(&topic, 1)?;
+    let job = format!("{topic}.sql");
+    let (location, checkpoint) = match remote {
+        None => (
+            format!("out/latency-{rate}"),
+            format!("ckpt/latency-{rate}"),
+        ),
+        Some(prefix) => {
+            let base = format!("{}/{topic}", prefix.trim_end_matches('/'));
+            (format!("{base}/table"), format!("{base}/ckpt"))
+        }
+    };
+    std::fs::write(
+        dir.join(&job),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE events (seq BIGINT NOT NULL, produced_ms BIGINT NOT NULL)
+             STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}'
+             OPTIONS ('starting_offsets' 'earliest');
+             CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{location}';
+             INSERT INTO out SELECT seq, produced_ms FROM events;"
+        ),
+    )?;
+    Ok((topic, job, location, checkpoint))
+}
+
+/// Start `lakestream run job` in `dir` as a user starts it (the default
+/// trigger): the child, each batch's progress as it comes, and the log it
+/// writes.
+fn start_query(
+    dir: &Path,
+    job: &str,
+    checkpoint: &str,
+    topic: &str,
+) -> anyhow::Result<(
+    std::process::Child,
+    std::sync::mpsc::Receiver<serde_json::Value>,
+    std::path::PathBuf,
+)> {
+    // The query, started as a user starts it: the default trigger. Its
+    // log and progress lines are kept beside the job (set LAKESTREAM_LOG
+    // for more) and named when the query falls behind.
+    let exe = super::lakestream();
+    let log_path = dir.join(format!("{topic}.log"));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("create the query's log {}", log_path.display()))?;
+    let mut child = Command::new(exe)
+        .current_dir(dir)
+        .args(["run", job, "--checkpoint", checkpoint, "--progress-json"])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    // Each batch's progress is kept beside the log, one JSON line a batch.
+    let progress_path = dir.join(format!("{topic}.progress.jsonl"));
+    let mut progress_file = std::io::BufWriter::new(
+        std::fs::File::create(&progress_path)
+            .with_context(|| format!("create {}", progress_path.display()))?,
+    );
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = writeln!(progress_file, "{line}").and_then(|_| progress_file.flush());
+            if let Ok(v) = serde_json::from_str(&line) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    Ok((child, rx, log_path))
+}
+
+/// The records found in the table: each one's latency, and the parts of
+/// its batch's time.
+struct Visibility {
+    /// Record `seq` was found.
+    seen: Vec<bool>,
+    /// Produced to visible, ms.
+    lat: Vec<f64>,
+    /// Produced to its batch's start, ms.
+    waits: Vec<f64>,
+    /// Its batch's plan, write-ahead, execute and commit times, ms.
+    parts: [Vec<f64>; 4],
+}
+
+impl Visibility {
+    /// For `total` records.
+    fn new(total: usize) -> Self {
+        Self {
+            seen: vec![false; total],
+            lat: Vec::new(),
+            waits: Vec::new(),
+            parts: Default::default(),
+        }
+    }
+
+    /// Record `seq` (produced at `produced`) visible at `visible`, written
+    /// by the batch of progress `batch`; an error for a record seen twice.
+    fn row(
+        &mut self,
+        seq: i64,
+        produced: f64,
+        visible: f64,
+        batch: Option<&serde_json::Value>,
+    ) -> anyhow::Result<()> {
+        let Ok(i) = usize::try_from(seq) else {
+            return Ok(()); // the warm-up record
+        };
+        if i >= self.seen.len() || std::mem::replace(&mut self.seen[i], true) {
+            bail!("record {seq} is in the table twice (or was never sent)");
+        }
+        let d = |key: &str| batch.and_then(|b| b["durations"][key].as_f64());
+        self.lat.push(visible - produced);
+        if let Some(total) = d("total_ms") {
+            self.waits.push((visible - total - produced).max(0.0));
+        }
+        for (k, key) in ["plan_ms", "write_ahead_ms", "execute_ms", "commit_ms"]
+            .iter()
+            .enumerate()
+        {
+            if let Some(v) = d(key) {
+                self.parts[k].push(v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A remote table's records, each visible when the batch whose Kafka range
+/// holds its offset ended; returns the files the batches wrote.
+fn visible_by_batch_end(
+    progress: &[serde_json::Value],
+    produced_at: &[f64],
+    topic: &str,
+    seen: &mut Visibility,
+) -> anyhow::Result<usize> {
+    let mut files = 0;
+    let offset = |p: &serde_json::Value, key: &str| {
+        p["sources"][0][key]["partitions"][topic]["0"]
+            .as_i64()
+            .unwrap_or(0)
+    };
+    for p in progress {
+        files += p["output_files"].as_u64().unwrap_or(0) as usize;
+        let ended = p["timestamp_ms"].as_f64().unwrap_or(0.0)
+            + p["durations"]["total_ms"].as_f64().unwrap_or(0.0);
+        // Offset 0 is the warm-up record; offset o holds seq o - 1.
+        for o in offset(p, "startOffset")..offset(p, "endOffset") {
+            let seq = o - 1;
+            let produced = usize::try_from(seq)
+                .ok()
+                .and_then(|i| produced_at.get(i))
+                .copied()
+                .unwrap_or(ended);
+            seen.row(seq, produced, ended, Some(p))?;
+        }
+    }
+    Ok(files)
+}
+
+/// A local table's records, read back from each commit's files, each
+/// visible when its commit file appeared; returns the files added.
+fn visible_by_commit_file(
+    table: &Path,
+    progress: &[serde_json::Value],
+    seen: &mut Visibility,
+) -> anyhow::Result<usize> {
+    let mut files = 0;
+    // Each commit: when it appeared, and the batch that made it.
+    let by_version: BTreeMap<u64, &serde_json::Value> = progress
+        .iter()
+        .filter_map(|p| Some((p["table_version"].as_u64()?, p)))
+        .collect();
+    let log = table.join("_delta_log");
+    for entry in std::fs::read_dir(&log).with_context(|| format!("read {}", log.display()))? {
+        let path = entry?.path();
+        let Some(version) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let visible = epoch_ms(std::fs::metadata(&path)?.modified()?);
+        let batch = by_version.get(&version).copied();
+        for line in std::fs::read_to_string(&path)?.lines() {
+            let action: serde_json::Value = serde_json::from_str(line)?;
+            let Some(file) = action["add"]["path"].as_str() else {
+                continue;
+            };
+            files += 1;
+            let file = table.join(
+                percent_encoding::percent_decode_str(file)
+                    .decode_utf8()
+                    .context("an add path")?
+                    .as_ref(),
+            );
+            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                std::fs::File::open(&file).with_context(|| format!("open {}", file.display()))?,
+            )?
+            .build()?;
+            for b in reader {
+                let b = b?;
+                let seq = b
+                    .column_by_name("seq")
+                    .context("a seq column")?
+                    .as_primitive::<Int64Type>();
+                let produced = b
+                    .column_by_name("produced_ms")
+                    .context("a produced_ms column")?
+                    .as_primitive::<Int64Type>();
+                for (s, p) in seq.values().iter().zip(produced.values()) {
+                    seen.row(*s, *p as f64, visible, batch)?;
+                }
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The files a table of `files` files holds after `lakestream table
+/// optimize` (what compaction makes of the many small files of tiny
+/// batches).
+fn files_after_optimize(dir: &Path, location: &str, files: usize) -> anyhow::Result<u64> {
+    let out = Command::new(super::lakestream())
+        .current_dir(dir)
+        .args(["table", "optimize", "--json", location])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "lakestream table optimize failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).context("optimize's JSON")?;
+    Ok((files as u64 + m["files_added"].as_u64().unwrap_or(0))
+        .saturating_sub(m["files_removed"].as_u64().unwrap_or(0)))
 }
 
 /// Start-up: a one-batch job (one small input, a new checkpoint and a new

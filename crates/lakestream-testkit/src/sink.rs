@@ -116,6 +116,22 @@ pub async fn assert_outcome(sink: &dyn Sink, info: &CommitInfo, values: &[i64], 
 /// (called with a name per scenario). Panics, naming the scenario's
 /// batch, on the first breach.
 pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
+    batches_land_once(&target).await;
+    batch_ids_are_per_query(&target("queries")).await;
+    replacements_and_upserts_land_once(&target).await;
+    claimed_positions_land_once(&target("positions")).await;
+    // Parts staged by another kind of sink are refused, naming the batch.
+    let t = target("foreign");
+    let a = t.writer().await;
+    let foreign = Staged::new(7, 1, 0, 0, "not this sink's part");
+    let err = a.commit(foreign, &info("q", 7)).await.unwrap_err();
+    assert!(err.to_string().contains("batch 7"), "{err}");
+    assert_eq!(a.committed_batch("q").await.unwrap(), None);
+}
+
+/// A batch committed twice, by one writer, by two, or after a restart, is
+/// in the table once.
+async fn batches_land_once<T: SinkTarget>(target: &impl Fn(&str) -> T) {
     // A batch committed twice by one writer is in the table once; so is a
     // replay of an older batch.
     let t = target("twice");
@@ -156,9 +172,10 @@ pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
     assert_already(&*b, "q", 1, &[21]).await;
     assert_committed(&*b, "q", 2, &[22]).await;
     assert_eq!(t.values().await, vec![20, 21, 22]);
+}
 
-    // Batch ids belong to their query; an empty batch is recorded too.
-    let t = target("queries");
+/// Batch ids belong to their query; an empty batch is recorded too.
+async fn batch_ids_are_per_query(t: &impl SinkTarget) {
     let a = t.writer().await;
     assert_committed(&*a, "q1", 5, &[30]).await;
     assert_committed(&*a, "q2", 5, &[31]).await;
@@ -167,7 +184,10 @@ pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
     assert_eq!(a.committed_batch("q2").await.unwrap(), Some(6));
     assert_eq!(a.committed_batch("q3").await.unwrap(), None);
     assert_eq!(t.values().await, vec![30, 31]);
+}
 
+/// A replacement and an upsert land once: their replays change nothing.
+async fn replacements_and_upserts_land_once<T: SinkTarget>(target: &impl Fn(&str) -> T) {
     // A batch that replaces every row does, once: its replay (after the
     // appends of later batches) changes nothing.
     let t = target("replace");
@@ -199,13 +219,15 @@ pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
     assert_eq!(t.values().await, vec![50, 51, 52]);
     assert_outcome(&*t.writer().await, &upsert(1), &[53], false).await;
     assert_eq!(t.values().await, vec![50, 51, 52]);
+}
 
-    // Parts staged by another kind of sink are refused, naming the batch.
-    // Positions kept in the table: two writers claim the same range of a
+/// Positions kept in the table ([`PositionClaim`]s): of two claims of one
+/// range exactly one lands, a stale claim is superseded, and a commit's
+/// claims land together or not at all.
+async fn claimed_positions_land_once(t: &impl SinkTarget) {
     // partition at once (a rebalance race); exactly one commit lands, the
     // other is told it was superseded, and the chain of ranges goes on
     // from where the winner left it.
-    let t = target("positions");
     let (a, b) = (t.writer().await, t.writer().await);
     let part = "g/topic/0".to_string();
     let claimed = |query: &str, id, from, to| CommitInfo {
@@ -299,11 +321,4 @@ pub async fn sink_idempotence<T: SinkTarget>(target: impl Fn(&str) -> T) {
     let mut values = t.values().await;
     values.retain(|v| *v != 60 && *v != 61);
     assert_eq!(values, vec![62]);
-
-    let t = target("foreign");
-    let a = t.writer().await;
-    let foreign = Staged::new(7, 1, 0, 0, "not this sink's part");
-    let err = a.commit(foreign, &info("q", 7)).await.unwrap_err();
-    assert!(err.to_string().contains("batch 7"), "{err}");
-    assert_eq!(a.committed_batch("q").await.unwrap(), None);
 }

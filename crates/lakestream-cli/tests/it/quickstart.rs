@@ -56,6 +56,49 @@ fn quickstart_builds_a_delta_table_every_reader_agrees_on() {
         .collect();
     // 6 files, 2 per trigger: 3 batches, each one Delta commit.
     assert_eq!(progress.len(), 3, "{}", text(&o));
+    assert_spark_progress_shape(&progress);
+    assert_eq!(
+        progress[1]["sources"][0]["startOffset"],
+        progress[0]["sources"][0]["endOffset"]
+    );
+
+    let table = dir.join("target/quickstart/clean_events");
+    let rows = read_py(&table);
+    assert_eq!(
+        ids(&rows),
+        expected,
+        "python deltalake sees every kept event once"
+    );
+    let meta = meta_py(&table);
+    assert_eq!(meta["partition_columns"], serde_json::json!(["day"]));
+    assert_eq!(
+        meta["columns"],
+        serde_json::json!([
+            "event_id",
+            "user_id",
+            "country",
+            "event_type",
+            "amount",
+            "ts",
+            "day"
+        ])
+    );
+    // Joined with the static users table: known users get a country.
+    assert!(rows.iter().any(|r| r["country"].is_string()));
+
+    assert_readers_agree(dir, &rows, &expected);
+    // Running again finds nothing new and leaves the table as it is.
+    let o = run_in(dir, &args[..6]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(meta_py(&table)["version"], 3);
+
+    assert_status_after_three_batches(dir);
+}
+
+/// Each batch's progress (3 batches of 100 rows) in lakestream's fields
+/// and in Spark's StreamingQueryProgress shape, for dashboards and parsers
+/// written for Spark.
+fn assert_spark_progress_shape(progress: &[serde_json::Value]) {
     for (i, p) in progress.iter().enumerate() {
         assert_eq!(p["batch_id"], i as u64);
         assert_eq!(p["table_version"], i as u64 + 1);
@@ -103,40 +146,16 @@ fn quickstart_builds_a_delta_table_every_reader_agrees_on() {
         );
         assert_eq!(p["stateOperators"], serde_json::json!([]), "{p}");
     }
-    assert_eq!(
-        progress[1]["sources"][0]["startOffset"],
-        progress[0]["sources"][0]["endOffset"]
-    );
+}
 
-    let table = dir.join("target/quickstart/clean_events");
-    let rows = read_py(&table);
-    assert_eq!(
-        ids(&rows),
-        expected,
-        "python deltalake sees every kept event once"
-    );
-    let meta = meta_py(&table);
-    assert_eq!(meta["partition_columns"], serde_json::json!(["day"]));
-    assert_eq!(
-        meta["columns"],
-        serde_json::json!([
-            "event_id",
-            "user_id",
-            "country",
-            "event_type",
-            "amount",
-            "ts",
-            "day"
-        ])
-    );
-    // Joined with the static users table: known users get a country.
-    assert!(rows.iter().any(|r| r["country"].is_string()));
-
+/// `lakestream query` reads what Python `deltalake` read (`rows`, the
+/// kept events `expected`), by path, by name, and joined.
+fn assert_readers_agree(dir: &std::path::Path, rows: &[serde_json::Value], expected: &[String]) {
     let ours = query(
         dir,
         "SELECT event_id FROM 'target/quickstart/clean_events' ORDER BY event_id",
     );
-    assert_eq!(ids(&ours), expected, "lakestream query agrees with python");
+    assert_eq!(ids(&ours), *expected, "lakestream query agrees with python");
     let sums = query(
         dir,
         "SELECT count(*) AS n, sum(amount) AS total FROM 'target/quickstart/clean_events'",
@@ -173,12 +192,10 @@ fn quickstart_builds_a_delta_table_every_reader_agrees_on() {
     let o = run_in(dir, &["query", "--table", "events", "SELECT 1"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("NAME=LOCATION"), "{}", text(&o));
+}
 
-    // Running again finds nothing new and leaves the table as it is.
-    let o = run_in(dir, &args[..6]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(meta_py(&table)["version"], 3);
-
+/// `status --json` after the quickstart's three batches.
+fn assert_status_after_three_batches(dir: &std::path::Path) {
     let o = run_in(
         dir,
         &[
