@@ -94,38 +94,7 @@ impl KafkaSource {
             topic_ids: prev.topic_ids.clone(),
             ..Default::default()
         };
-        // Ids are asked for when they can tell something: a topic first
-        // seen, a planned offset past a partition's end (was it recreated?),
-        // and every topic at the first plan of a run (it may have been
-        // recreated while the query was down) and now and then.
-        let periodic = {
-            let mut st = self.state.lock().expect("kafka state");
-            let due = st
-                .ids_checked
-                .is_none_or(|t| t.elapsed() >= TOPIC_ID_CHECK_EVERY);
-            if due {
-                st.ids_checked = Some(Instant::now());
-            }
-            due
-        };
-        let mut wanted: Vec<String> = Vec::new();
-        for (topic, parts) in &marks.marks {
-            let known = prev.partitions.get(topic);
-            let first_seen = known.is_none() && !prev.topic_ids.contains_key(topic);
-            let past_end = parts
-                .iter()
-                .any(|(p, (_, hi))| known.and_then(|m| m.get(p)).is_some_and(|s| s > hi));
-            // Now and then every topic, so an id a slow answer missed
-            // when the topic was first seen is recorded later.
-            if first_seen || past_end || periodic {
-                wanted.push(topic.clone());
-            }
-        }
-        let current_ids = if wanted.is_empty() {
-            BTreeMap::new()
-        } else {
-            self.topic_ids(wanted).await?
-        };
+        let current_ids = self.current_topic_ids(prev, marks).await?;
         for (topic, id) in &current_ids {
             next.topic_ids
                 .entry(topic.clone())
@@ -234,6 +203,46 @@ impl KafkaSource {
             return Ok(None);
         }
         Ok(Some(next))
+    }
+
+    /// The ids of the topics whose id can tell something now, asked of the
+    /// cluster; empty when none needs asking.
+    async fn current_topic_ids(
+        &self,
+        prev: &KafkaOffset,
+        marks: &Watermarks,
+    ) -> Result<BTreeMap<String, String>> {
+        // Ids are asked for when they can tell something: a topic first
+        // seen, a planned offset past a partition's end (was it recreated?),
+        // and every topic at the first plan of a run (it may have been
+        // recreated while the query was down) and now and then.
+        let periodic = {
+            let mut st = self.state.lock().expect("kafka state");
+            let due = st
+                .ids_checked
+                .is_none_or(|t| t.elapsed() >= TOPIC_ID_CHECK_EVERY);
+            if due {
+                st.ids_checked = Some(Instant::now());
+            }
+            due
+        };
+        let mut wanted: Vec<String> = Vec::new();
+        for (topic, parts) in &marks.marks {
+            let known = prev.partitions.get(topic);
+            let first_seen = known.is_none() && !prev.topic_ids.contains_key(topic);
+            let past_end = parts
+                .iter()
+                .any(|(p, (_, hi))| known.and_then(|m| m.get(p)).is_some_and(|s| s > hi));
+            // Now and then every topic, so an id a slow answer missed
+            // when the topic was first seen is recorded later.
+            if first_seen || past_end || periodic {
+                wanted.push(topic.clone());
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        self.topic_ids(wanted).await
     }
 
     pub(super) fn client_config(&self) -> ClientConfig {
