@@ -84,6 +84,8 @@ if [ "$status" != 0 ]; then
   echo "the S3 server's log, last 40 lines:" >&2
   tail -n 40 "$S3_LOG" >&2 || true
 fi
+# The README's `cargo run -- ...` finds the one binary to run.
+cargo run --quiet -- --version >/dev/null || status=$?
 # A program that embeds lakestream without Kafka or cloud stores builds
 # without librdkafka: type-check the library with no default features.
 cargo check -p lakestream --no-default-features || status=$?
