@@ -91,9 +91,10 @@ impl SourceConnector for DeltaSourceConnector {
         start: &lakestream_source::Offset,
         end: &lakestream_source::Offset,
     ) -> Option<Vec<String>> {
-        (kind == "delta")
-            .then(|| crate::source::describe_range(start, end))
-            .flatten()
+        if kind != "delta" {
+            return None;
+        }
+        crate::source::describe_range(start, end)
     }
 
     fn options(&self) -> &'static [&'static str] {

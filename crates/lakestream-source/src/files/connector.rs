@@ -25,9 +25,10 @@ impl SourceConnector for FilesConnector {
         _start: &crate::Offset,
         end: &crate::Offset,
     ) -> Option<Vec<String>> {
-        let end: crate::files::FilesOffset = (kind == "files")
-            .then(|| serde_json::from_value(end.clone()).ok())
-            .flatten()?;
+        if kind != "files" {
+            return None;
+        }
+        let end: crate::files::FilesOffset = serde_json::from_value(end.clone()).ok()?;
         Some(end.describe())
     }
 
