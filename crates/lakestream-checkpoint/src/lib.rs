@@ -594,13 +594,11 @@ async fn latest<T: serde::de::DeserializeOwned + Versioned>(
 /// Read `<checkpoint>/sources/<source>/<file>` (a source's private JSON
 /// state, such as an inferred schema), if present. Does not take the fence.
 pub async fn read_source_state(
-    location: &str,
-    options: &HashMap<String, String>,
+    location: &Location,
     source: &str,
     file: &str,
 ) -> Result<Option<serde_json::Value>> {
-    let location = Location::parse(location, options)?;
-    read_state_at(&location, source, file).await
+    read_state_at(location, source, file).await
 }
 
 #[derive(Deserialize)]
@@ -646,15 +644,13 @@ async fn init_state_at(
 /// the state that is stored afterwards (the existing one wins, so every
 /// process of a query sees the same value).
 pub async fn init_source_state(
-    location: &str,
-    options: &HashMap<String, String>,
+    location: &Location,
     source: &str,
     file: &str,
     state: serde_json::Value,
 ) -> Result<serde_json::Value> {
-    let loc = Location::parse(location, options)?;
-    loc.ensure_local_dir()?;
-    init_state_at(&loc, source, file, state).await
+    location.ensure_local_dir()?;
+    init_state_at(location, source, file, state).await
 }
 
 #[cfg(test)]

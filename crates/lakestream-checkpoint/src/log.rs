@@ -9,7 +9,12 @@ impl Checkpoint {
     /// and fails with [`Error::InUse`] while another process holds it. On an
     /// object store the create-if-absent write of each `offsets/N` is the fence.
     pub async fn open(location: &str, options: &HashMap<String, String>) -> Result<Self> {
-        let location = Location::parse(location, options)?;
+        Self::open_at(Location::parse(location, options)?).await
+    }
+
+    /// [`Checkpoint::open`] at a location already resolved (for instance
+    /// with an embedder's [`lakestream_storage::StoreRegistry`]).
+    pub async fn open_at(location: Location) -> Result<Self> {
         location.ensure_local_dir()?;
         let lock = match location.local_dir() {
             Some(dir) => Some(take_lock(dir, location.url().as_str())?),

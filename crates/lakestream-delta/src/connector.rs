@@ -35,6 +35,7 @@ impl SinkConnector for DeltaConnector {
         let mut o = DeltaSinkOptions {
             partition_columns: t.partition_cols.clone(),
             storage_options: ctx.store_options(),
+            object_stores: ctx.object_stores().clone(),
             ..Default::default()
         };
         o.auto_compact_every = ctx.number("auto_compact_every")?.filter(|n| *n > 0);
@@ -113,6 +114,7 @@ impl SourceConnector for DeltaSourceConnector {
         let t = ctx.table();
         let mut o = DeltaSourceOptions {
             storage_options: ctx.store_options(),
+            object_stores: ctx.object_stores().clone(),
             ..Default::default()
         };
         o.starting_version = ctx.number("starting_version")?;

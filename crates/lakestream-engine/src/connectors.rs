@@ -18,10 +18,12 @@
 //! Static tables (not `UNBOUNDED`, not an output) are DataFusion's: any
 //! format it reads, or `DELTA`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use lakestream_job::connector::{TableContext, is_storage_key, table_store_options};
+pub use lakestream_job::connector::{
+    RunStorage, TableContext, is_storage_key, table_store_options,
+};
 pub use lakestream_job::{Error, Result};
 pub use lakestream_sink::SinkConnector;
 pub use lakestream_source::SourceConnector;
@@ -135,11 +137,10 @@ impl Connectors {
         &self,
         job: &Job,
         t: &TableDecl,
-        checkpoint: &str,
-        storage_options: &HashMap<String, String>,
+        run: &RunStorage,
         builder: QueryBuilder,
     ) -> crate::Result<QueryBuilder> {
-        let ctx = TableContext::new(job, t, checkpoint, storage_options);
+        let ctx = TableContext::new(job, t, run);
         match self.statics.get(&t.format) {
             Some(c) => {
                 ctx.check_options(c.options(), None)?;
@@ -149,16 +150,15 @@ impl Connectors {
         }
     }
 
-    /// The source of the `UNBOUNDED` table `t` of `job`, for a run
-    /// checkpointed at `checkpoint` with the job's `storage_options`.
+    /// The source of the `UNBOUNDED` table `t` of `job`, for a run with
+    /// `run`'s checkpoint and storage.
     pub async fn source(
         &self,
         job: &Job,
         t: &TableDecl,
-        checkpoint: &str,
-        storage_options: &HashMap<String, String>,
+        run: &RunStorage,
     ) -> Result<Arc<dyn Source>> {
-        let ctx = TableContext::new(job, t, checkpoint, storage_options);
+        let ctx = TableContext::new(job, t, run);
         let Some(c) = self.sources.get(&t.format) else {
             if cfg!(not(feature = "kafka")) && t.format == "KAFKA" {
                 return Err(ctx.error(format!(
@@ -181,14 +181,8 @@ impl Connectors {
 
     /// The sink of the `INSERT` target `t` of `job` (see
     /// [`Connectors::source`]).
-    pub async fn sink(
-        &self,
-        job: &Job,
-        t: &TableDecl,
-        checkpoint: &str,
-        storage_options: &HashMap<String, String>,
-    ) -> Result<Arc<dyn Sink>> {
-        let ctx = TableContext::new(job, t, checkpoint, storage_options);
+    pub async fn sink(&self, job: &Job, t: &TableDecl, run: &RunStorage) -> Result<Arc<dyn Sink>> {
+        let ctx = TableContext::new(job, t, run);
         let Some(c) = self.sinks.get(&t.format) else {
             return Err(ctx.error(format!(
                 "the output table {} must be STORED AS {}",
@@ -251,8 +245,7 @@ impl Connectors {
         job: &Job,
         t: &TableDecl,
         location: &str,
-        checkpoint: &str,
-        storage_options: &HashMap<String, String>,
+        run: &RunStorage,
     ) -> Result<Arc<dyn Sink>> {
         let decl = TableDecl {
             name: format!("{}_dead_letters", t.name),
@@ -270,7 +263,7 @@ impl Connectors {
             statement: t.statement.clone(),
             pos: t.pos,
         };
-        self.sink(job, &decl, checkpoint, storage_options).await
+        self.sink(job, &decl, run).await
     }
 }
 
@@ -287,7 +280,7 @@ async fn datafusion_static(
     let session = builder.context();
     // DataFusion reads the files through the same store the rest of
     // the job uses (credentials, endpoint, retries).
-    let loc = lakestream_storage::Location::parse(&t.location, &storage)?;
+    let loc = lakestream_storage::Location::parse_with(&t.location, &storage, ctx.object_stores())?;
     if loc.local_dir().is_none() {
         session.register_object_store(loc.url(), loc.store().clone());
     }

@@ -16,9 +16,9 @@ pub use lakestream_job::{
     Error as JobError, InsertDecl, Job, Pos, TableDecl, check_streaming_plan, parse_job, pos_of,
     streaming_plan_problem,
 };
-use lakestream_storage::normalize_option_key;
+use lakestream_storage::{StoreRegistry, normalize_option_key};
 
-use crate::connectors::Connectors;
+use crate::connectors::{Connectors, RunStorage};
 use crate::{Error, FailPoint, Output, OutputMode, QueryBuilder, Result, Trigger};
 use lakestream_sink::describe_schema;
 
@@ -41,6 +41,10 @@ pub struct JobOptions {
     /// a job with several `INSERT`s writes each target in a directory of
     /// this location named after the table.
     pub output_location: Option<String>,
+    /// The stores the embedding program serves some buckets with, for
+    /// every location of the job and its checkpoint (default: none, each
+    /// location gets a store built from its URL and storage options).
+    pub object_stores: StoreRegistry,
 }
 
 impl JobOptions {
@@ -54,6 +58,7 @@ impl JobOptions {
             fail_point: None,
             connectors: Connectors::builtin(),
             output_location: None,
+            object_stores: StoreRegistry::default(),
         }
     }
 }
@@ -70,6 +75,7 @@ impl std::fmt::Debug for JobOptions {
             .field("fail_point", &self.fail_point)
             .field("connectors", &self.connectors)
             .field("output_location", &self.output_location)
+            .field("object_stores", &self.object_stores)
             .finish()
     }
 }
@@ -100,9 +106,15 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
         storage_options: storage,
         ..options.clone()
     };
+    let run = RunStorage {
+        checkpoint: options.checkpoint.clone(),
+        options: options.storage_options.clone(),
+        object_stores: options.object_stores.clone(),
+    };
     let mut builder = QueryBuilder::new()
         .checkpoint(options.checkpoint.clone())
         .checkpoint_options(options.storage_options.clone())
+        .object_stores(options.object_stores.clone())
         .trigger(options.trigger);
     if let Some((p, n)) = options.fail_point {
         builder = builder.fail_point(p, n);
@@ -124,12 +136,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
     let mut sinks = Vec::new();
     for insert in &job.inserts {
         let target = job.table(&insert.target).expect("checked by parse_job");
-        sinks.push(
-            options
-                .connectors
-                .sink(&job, target, &options.checkpoint, &options.storage_options)
-                .await?,
-        );
+        sinks.push(options.connectors.sink(&job, target, &run).await?);
     }
     let is_target = |t: &TableDecl| {
         job.inserts
@@ -141,10 +148,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
             continue;
         }
         if t.unbounded {
-            let source = options
-                .connectors
-                .source(&job, t, &options.checkpoint, &options.storage_options)
-                .await?;
+            let source = options.connectors.source(&job, t, &run).await?;
             builder = builder.source(source)?;
             builder = event_time(&job, t, builder)?;
             if let Some(location) = t.options.get("dead_letter_location") {
@@ -155,13 +159,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
                 };
                 let sink = options
                     .connectors
-                    .dead_letter_sink(
-                        &job,
-                        t,
-                        &location,
-                        &options.checkpoint,
-                        &options.storage_options,
-                    )
+                    .dead_letter_sink(&job, t, &location, &run)
                     .await
                     .map_err(|e| {
                         job.error(
@@ -174,13 +172,7 @@ pub async fn load_job(file: &str, text: &str, options: &JobOptions) -> Result<Qu
         } else {
             builder = options
                 .connectors
-                .add_static(
-                    &job,
-                    t,
-                    &options.checkpoint,
-                    &options.storage_options,
-                    builder,
-                )
+                .add_static(&job, t, &run, builder)
                 .await?;
         }
     }

@@ -77,6 +77,7 @@ pub struct QueryBuilder {
     sink: Option<Arc<dyn Sink>>,
     checkpoint: Option<String>,
     checkpoint_options: HashMap<String, String>,
+    object_stores: lakestream_storage::StoreRegistry,
     trigger: Trigger,
     poll: Duration,
     snapshot_interval: u64,
@@ -196,6 +197,7 @@ impl QueryBuilder {
             sink: None,
             checkpoint: None,
             checkpoint_options: HashMap::new(),
+            object_stores: Default::default(),
             trigger: Trigger::Continuous,
             poll: Duration::from_millis(200),
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
@@ -334,6 +336,16 @@ impl QueryBuilder {
     /// Storage options for the checkpoint location.
     pub fn checkpoint_options(mut self, options: HashMap<String, String>) -> Self {
         self.checkpoint_options = options;
+        self
+    }
+
+    /// The stores the embedding program serves some buckets with, for the
+    /// checkpoint and the query's state (default: none; each location gets
+    /// a store built from its URL and storage options). Sources and sinks
+    /// built by the caller take the same registry in their options; a job
+    /// file's are built with it ([`crate::JobOptions::object_stores`]).
+    pub fn object_stores(mut self, stores: lakestream_storage::StoreRegistry) -> Self {
+        self.object_stores = stores;
         self
     }
 
@@ -479,8 +491,11 @@ impl QueryBuilder {
         check_event_times(&self.tables, &self.event_times, &|msg| {
             user_error(first_pos, msg)
         })?;
-        let state_location =
-            lakestream_storage::Location::parse(&checkpoint, &self.checkpoint_options)?;
+        let state_location = lakestream_storage::Location::parse_with(
+            &checkpoint,
+            &self.checkpoint_options,
+            &self.object_stores,
+        )?;
         let (mut outputs, stateful) = plan_outputs(
             &self.ctx,
             specs,
@@ -495,7 +510,7 @@ impl QueryBuilder {
         add_dead_letters(&mut outputs, self.dead_letters, &self.tables, &|msg| {
             user_error(first_pos, msg)
         })?;
-        let ckpt = Checkpoint::open(&checkpoint, &self.checkpoint_options).await?;
+        let ckpt = Checkpoint::open_at(state_location.clone()).await?;
         // Before the sink creates anything: a checkpoint of another query
         // would apply its offsets to input they do not describe.
         let record = QueryRecord::new(

@@ -76,18 +76,16 @@ async fn load(location: &Location, version: Option<u64>) -> Result<DeltaTable, S
 }
 
 impl StaticDeltaTable {
-    /// The Delta table at `location` (options: storage settings), known to
-    /// the query as `name`, read at `pinned` by every batch when set, else
-    /// at its latest version as each batch is planned. Loads the table
-    /// (its schema comes from the pinned or latest version).
+    /// The Delta table at `location`, known to the query as `name`, read
+    /// at `pinned` by every batch when set, else at its latest version as
+    /// each batch is planned. Loads the table (its schema comes from the
+    /// pinned or latest version).
     pub async fn open(
         name: &str,
-        location: &str,
-        storage_options: &std::collections::HashMap<String, String>,
+        location: Location,
         pinned: Option<u64>,
         ctx: &datafusion::prelude::SessionContext,
     ) -> Result<Arc<Self>> {
-        let location = Location::parse(location, storage_options)?;
         let err = |what: String| {
             Error::InvalidQuery(format!("static table {name} ({}): {what}", location.url()))
         };
@@ -254,15 +252,11 @@ impl crate::connectors::StaticConnector for StaticDeltaConnector {
             })?),
             None => None,
         };
-        let table = StaticDeltaTable::open(
-            &t.name,
-            &t.location,
-            &ctx.store_options(),
-            pinned,
-            builder.context(),
-        )
-        .await
-        .map_err(|e| ctx.error(e.to_string()))?;
+        let location =
+            Location::parse_with(&t.location, &ctx.store_options(), ctx.object_stores())?;
+        let table = StaticDeltaTable::open(&t.name, location, pinned, builder.context())
+            .await
+            .map_err(|e| ctx.error(e.to_string()))?;
         builder.static_delta_table(table)
     }
 }

@@ -15,34 +15,37 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use lakestream_storage::normalize_option_key;
+use lakestream_storage::{Location, StoreRegistry, normalize_option_key};
 
 use crate::{Error, Job, Result, TableDecl, parse_size};
+
+/// What every table of a run shares: where its checkpoint is and how it
+/// reaches storage.
+#[derive(Debug, Clone, Default)]
+pub struct RunStorage {
+    /// The checkpoint location (a path or URL).
+    pub checkpoint: String,
+    /// The job's storage options (its `SET aws.* = ...` statements and
+    /// the run's options), before each table's own.
+    pub options: HashMap<String, String>,
+    /// The stores the embedding program serves some buckets with; every
+    /// location of the run is resolved through them.
+    pub object_stores: StoreRegistry,
+}
 
 /// What a connector's factory sees: one table declaration of a job, its
 /// options read and checked, and the run's settings.
 pub struct TableContext<'a> {
     job: &'a Job,
     table: &'a TableDecl,
-    checkpoint: &'a str,
-    storage_options: &'a HashMap<String, String>,
+    run: &'a RunStorage,
 }
 
 impl<'a> TableContext<'a> {
-    /// The context of table `table` of `job`, for a run checkpointed at
-    /// `checkpoint` with the job's `storage_options`.
-    pub fn new(
-        job: &'a Job,
-        table: &'a TableDecl,
-        checkpoint: &'a str,
-        storage_options: &'a HashMap<String, String>,
-    ) -> Self {
-        Self {
-            job,
-            table,
-            checkpoint,
-            storage_options,
-        }
+    /// The context of table `table` of `job`, for a run with `run`'s
+    /// checkpoint and storage.
+    pub fn new(job: &'a Job, table: &'a TableDecl, run: &'a RunStorage) -> Self {
+        Self { job, table, run }
     }
 
     /// The declaration.
@@ -58,13 +61,28 @@ impl<'a> TableContext<'a> {
     /// The run's checkpoint location (a connector may keep state there,
     /// as the files connector keeps an inferred schema).
     pub fn checkpoint(&self) -> &'a str {
-        self.checkpoint
+        &self.run.checkpoint
+    }
+
+    /// The run's checkpoint, resolved through the run's stores.
+    pub fn checkpoint_location(&self) -> lakestream_storage::Result<Location> {
+        Location::parse_with(
+            &self.run.checkpoint,
+            &self.run.options,
+            &self.run.object_stores,
+        )
+    }
+
+    /// The stores the embedding program serves some buckets with; a
+    /// connector resolves every location of the table through them.
+    pub fn object_stores(&self) -> &'a StoreRegistry {
+        &self.run.object_stores
     }
 
     /// The job's storage options (its `SET aws.* = ...` statements and the
     /// run's options), before the table's own.
     pub fn storage_options(&self) -> &'a HashMap<String, String> {
-        self.storage_options
+        &self.run.options
     }
 
     /// An error about the declaration, positioned at it (exit code 2).
@@ -76,7 +94,7 @@ impl<'a> TableContext<'a> {
     /// Keys are normalized first, so two spellings of one key cannot both
     /// be present and race.
     pub fn store_options(&self) -> HashMap<String, String> {
-        table_store_options(self.table, self.storage_options)
+        table_store_options(self.table, &self.run.options)
     }
 
     /// The raw value of option `key`.

@@ -5,7 +5,8 @@
 //! - [`Location`]: a plain path, a `file://` URL or an `s3://`, `gs://`,
 //!   `az://` URL parsed into a store and a root path, with credentials from
 //!   the environment and storage options, never shown in errors or logs;
-//! - [`register_object_store`]: an embedder's own store for a URL prefix;
+//! - [`StoreRegistry`]: an embedder's own stores for some buckets, scoped
+//!   to the queries it is handed to;
 //! - [`Location::verify_atomic_create`]: the probe that refuses a store
 //!   without atomic create-if-absent writes (exactly-once rests on them);
 //! - durability of local writes: [`sync_local_file`], [`Location::sync`],
@@ -18,9 +19,7 @@ pub mod local_store;
 pub mod location;
 
 pub use local_store::FastLocalStore;
-pub use location::{
-    Location, normalize_option_key, register_object_store, sync_local_file, to_url,
-};
+pub use location::{Location, StoreRegistry, normalize_option_key, sync_local_file, to_url};
 
 /// Errors of the storage layer. Messages never include option values
 /// (they may be secrets).

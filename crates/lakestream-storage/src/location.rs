@@ -8,8 +8,8 @@
 //! environment variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`), overridden by
 //! storage options (`aws_endpoint` or `aws.endpoint`, ...), and retry
 //! transient errors (5xx, timeouts, resets) with object_store's backoff.
-//! An embedding program can serve a bucket with its own store through
-//! [`register_object_store`].
+//! An embedding program can serve a bucket with its own store through a
+//! [`StoreRegistry`] it hands to its queries.
 //!
 //! Exactly-once rests on atomic create-if-absent writes (S3
 //! `If-None-Match`); [`Location::verify_atomic_create`] proves a store
@@ -49,6 +49,16 @@ impl Location {
     /// Relative paths are taken from the current directory. Local directories
     /// are not created here; see [`Location::ensure_local_dir`].
     pub fn parse(location: &str, options: &HashMap<String, String>) -> Result<Self> {
+        Self::parse_with(location, options, &StoreRegistry::default())
+    }
+
+    /// [`Location::parse`], with the buckets `stores` holds served by
+    /// their registered store.
+    pub fn parse_with(
+        location: &str,
+        options: &HashMap<String, String>,
+        stores: &StoreRegistry,
+    ) -> Result<Self> {
         let url = to_url(location)?;
         if url.scheme() == "file" {
             let dir = url.to_file_path().map_err(|()| Error::InvalidLocation {
@@ -71,7 +81,7 @@ impl Location {
             location: location.to_string(),
             reason: e.to_string(),
         })?;
-        let store = match registered_store(&url) {
+        let store = match stores.get(&url) {
             Some(store) => store,
             None => cloud_store(&url, options).map_err(|reason| Error::InvalidLocation {
                 location: location.to_string(),
@@ -277,39 +287,61 @@ impl Location {
     }
 }
 
-/// Stores registered by the embedding program, by `scheme://authority/`.
-type Registry = RwLock<Vec<(String, Arc<dyn ObjectStore>)>>;
+/// The object stores an embedding program serves some buckets with,
+/// scoped to the queries it is handed to (as DataFusion's object-store
+/// registry is scoped to a runtime), never to the process.
+///
+/// Each store serves every location under its `scheme://authority/`
+/// (`s3://bucket/`) instead of a store built from the URL and storage
+/// options. Clones share their stores: register once, then hand the same
+/// registry to the query ([`Location::parse_with`] and the `object_stores`
+/// of the engine's builder, sources and sinks). The default registry is
+/// empty, so every location gets a store built from its URL.
+#[derive(Clone, Default)]
+pub struct StoreRegistry {
+    stores: Arc<RwLock<Vec<Registered>>>,
+}
 
-fn registry() -> &'static Registry {
-    static STORES: OnceLock<Registry> = OnceLock::new();
-    STORES.get_or_init(|| RwLock::new(Vec::new()))
+/// A registered store and the `scheme://authority/` it serves.
+type Registered = (String, Arc<dyn ObjectStore>);
+
+impl std::fmt::Debug for StoreRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let stores = self.stores.read().unwrap_or_else(|e| e.into_inner());
+        f.debug_list()
+            .entries(stores.iter().map(|(k, _)| k))
+            .finish()
+    }
+}
+
+impl StoreRegistry {
+    /// Serve every location under `url`'s scheme and bucket with `store`.
+    ///
+    /// `store` addresses objects by their path below the bucket, as the
+    /// stores object_store builds for a URL do. For embedding programs
+    /// with their own credentials provider or client, and for tests that
+    /// inject faults. A later registration for the same bucket replaces
+    /// the earlier one.
+    pub fn register(&self, url: &Url, store: Arc<dyn ObjectStore>) {
+        let key = store_key(url);
+        let mut stores = self.stores.write().unwrap_or_else(|e| e.into_inner());
+        stores.retain(|(k, _)| *k != key);
+        stores.push((key, store));
+    }
+
+    /// The store registered for `url`'s scheme and bucket, if any.
+    pub fn get(&self, url: &Url) -> Option<Arc<dyn ObjectStore>> {
+        let key = store_key(url);
+        let stores = self.stores.read().unwrap_or_else(|e| e.into_inner());
+        stores
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, s)| s.clone())
+    }
 }
 
 fn store_key(url: &Url) -> String {
     format!("{}://{}/", url.scheme(), url.authority())
-}
-
-/// Serve every location under `url`'s scheme and bucket (`s3://bucket/`)
-/// with `store` instead of a store built from the URL and options.
-///
-/// `store` addresses objects by their path below the bucket, as the stores
-/// object_store builds for a URL do. For embedding programs with their own
-/// credentials provider or client, and for tests that inject faults.
-/// A later registration for the same bucket replaces the earlier one.
-pub fn register_object_store(url: &Url, store: Arc<dyn ObjectStore>) {
-    let key = store_key(url);
-    let mut stores = registry().write().unwrap_or_else(|e| e.into_inner());
-    stores.retain(|(k, _)| *k != key);
-    stores.push((key, store));
-}
-
-fn registered_store(url: &Url) -> Option<Arc<dyn ObjectStore>> {
-    let key = store_key(url);
-    let stores = registry().read().unwrap_or_else(|e| e.into_inner());
-    stores
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, s)| s.clone())
 }
 
 /// A storage option key as object_store spells it: `aws.endpoint` and

@@ -58,6 +58,6 @@ pub use lakestream_engine::{
     parse_duration, parse_size, sink, source, state, storage,
 };
 
-/// Serve a bucket (`s3://bucket/`, `gs://...`, `az://...`) with your own
-/// object store for every location of every query in this process.
-pub use lakestream_engine::storage::register_object_store;
+/// Serve some buckets (`s3://bucket/`, `gs://...`, `az://...`) with your
+/// own object stores, for the queries you hand the registry to.
+pub use lakestream_engine::storage::StoreRegistry;

@@ -54,7 +54,7 @@ use tokio::sync::Mutex;
 use lakestream_sink::{
     BatchWriter, CommitInfo, CommitOutcome, Error, Result, Sink, Staged, WriteMode, describe_schema,
 };
-use lakestream_storage::Location;
+use lakestream_storage::{Location, StoreRegistry};
 
 mod append;
 mod commit;
@@ -133,6 +133,9 @@ pub struct DeltaSinkOptions {
     /// produces are written as NULL. A column whose type changed is
     /// refused. Appends only.
     pub merge_schema: bool,
+    /// The embedder's stores, for buckets it serves itself (empty: the
+    /// table's store is built from its URL and `storage_options`).
+    pub object_stores: StoreRegistry,
 }
 
 /// Storage option values may be secrets: only their keys are shown.
@@ -149,6 +152,7 @@ impl std::fmt::Debug for DeltaSinkOptions {
             .field("auto_compact_every", &self.auto_compact_every)
             .field("checkpoint_interval", &self.checkpoint_interval)
             .field("merge_schema", &self.merge_schema)
+            .field("object_stores", &self.object_stores)
             .finish()
     }
 }
@@ -164,6 +168,7 @@ impl Default for DeltaSinkOptions {
             auto_compact_every: None,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             merge_schema: false,
+            object_stores: StoreRegistry::default(),
         }
     }
 }
@@ -292,7 +297,8 @@ impl DeltaSink {
     /// A sink writing to the Delta table at `location` (path or URL).
     /// Nothing is read or created until [`Sink::open`].
     pub fn try_new(location: &str, options: DeltaSinkOptions) -> Result<Self> {
-        let location = Location::parse(location, &options.storage_options)?;
+        let location =
+            Location::parse_with(location, &options.storage_options, &options.object_stores)?;
         for (option, value) in [
             ("target_file_size", options.target_file_size),
             ("unordered_flush_size", options.unordered_flush_size),

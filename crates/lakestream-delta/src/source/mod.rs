@@ -44,7 +44,7 @@ use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use deltalake::DeltaTable;
 use futures::{StreamExt, TryStreamExt, stream};
-use lakestream_storage::Location;
+use lakestream_storage::{Location, StoreRegistry};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
@@ -72,6 +72,9 @@ pub struct DeltaSourceOptions {
     pub batch_size: usize,
     /// Storage options for the table's location.
     pub storage_options: HashMap<String, String>,
+    /// The embedder's stores, for buckets it serves itself (empty: the
+    /// table's store is built from its URL and `storage_options`).
+    pub object_stores: StoreRegistry,
 }
 
 impl Default for DeltaSourceOptions {
@@ -85,6 +88,7 @@ impl Default for DeltaSourceOptions {
             read_change_feed: false,
             batch_size: 8192,
             storage_options: HashMap::new(),
+            object_stores: StoreRegistry::default(),
         }
     }
 }
@@ -257,12 +261,12 @@ impl DeltaSource {
     /// table's latest version for its schema; fails when there is no table
     /// or its features are ones this source cannot read.
     pub async fn try_new(name: &str, location: &str, options: DeltaSourceOptions) -> Result<Self> {
-        let location = Location::parse(location, &options.storage_options).map_err(|source| {
-            Error::Location {
-                source_name: name.to_string(),
-                source,
-            }
-        })?;
+        let location =
+            Location::parse_with(location, &options.storage_options, &options.object_stores)
+                .map_err(|source| Error::Location {
+                    source_name: name.to_string(),
+                    source,
+                })?;
         lakestream_source::require_positive(
             name,
             "max_files_per_trigger",

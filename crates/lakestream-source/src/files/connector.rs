@@ -163,6 +163,7 @@ impl SourceConnector for FilesConnector {
             fo.incremental_listing = b;
         }
         fo.partition_columns = t.partition_cols.clone();
+        fo.object_stores = ctx.object_stores().clone();
         let store_opts = ctx.store_options();
         let schema = match &t.schema {
             Some(s) => s.clone(),
@@ -221,13 +222,10 @@ pub(crate) async fn pinned_columns(
     infer: impl std::future::Future<Output = Result<arrow::datatypes::Schema>>,
 ) -> Result<SchemaRef> {
     let t = ctx.table();
-    let stored = lakestream_checkpoint::read_source_state(
-        ctx.checkpoint(),
-        ctx.storage_options(),
-        &t.name,
-        "schema",
-    )
-    .await?;
+    let ckpt = ctx
+        .checkpoint_location()
+        .map_err(lakestream_checkpoint::Error::from)?;
+    let stored = lakestream_checkpoint::read_source_state(&ckpt, &t.name, "schema").await?;
     let corrupt = |reason: String| {
         Error::from(lakestream_checkpoint::Error::Corrupt {
             file: format!(
@@ -242,14 +240,9 @@ pub(crate) async fn pinned_columns(
         return schema_from_json(&v).map_err(corrupt);
     }
     let schema = infer.await?;
-    let v = lakestream_checkpoint::init_source_state(
-        ctx.checkpoint(),
-        ctx.storage_options(),
-        &t.name,
-        "schema",
-        schema_to_json(&schema),
-    )
-    .await?;
+    let v =
+        lakestream_checkpoint::init_source_state(&ckpt, &t.name, "schema", schema_to_json(&schema))
+            .await?;
     schema_from_json(&v).map_err(corrupt)
 }
 

@@ -58,7 +58,7 @@ use crate::{
     Backlog, BatchStream, Error, Offset, OnError, Rejected, Rejects, Result, Skipped, Source,
     SourceIdentity, require_positive,
 };
-use lakestream_storage::Location;
+use lakestream_storage::{Location, StoreRegistry};
 
 pub(crate) mod columnar;
 pub mod connector;
@@ -162,6 +162,9 @@ pub struct FileSourceOptions {
     /// engine records it for the next run); `false`: such fields are
     /// ignored.
     pub schema_evolution: bool,
+    /// The embedder's stores, for buckets it serves itself (empty: every
+    /// location gets a store built from its URL and store options).
+    pub object_stores: StoreRegistry,
 }
 
 /// What a batch does with a file it planned that is gone when it runs
@@ -259,6 +262,7 @@ impl FileSourceOptions {
             max_file_age_ms: None,
             on_error: OnError::Fail,
             schema_evolution: false,
+            object_stores: StoreRegistry::default(),
             shard: None,
         }
     }
@@ -330,8 +334,8 @@ impl FileSource {
         schema: SchemaRef,
         options: FileSourceOptions,
     ) -> Result<Self> {
-        let location =
-            Location::parse(location, store_options).map_err(|source| Error::Location {
+        let location = Location::parse_with(location, store_options, &options.object_stores)
+            .map_err(|source| Error::Location {
                 source_name: name.to_string(),
                 source,
             })?;
@@ -474,8 +478,8 @@ impl FileSource {
         store_options: &std::collections::HashMap<String, String>,
         options: &FileSourceOptions,
     ) -> Result<Option<SchemaRef>> {
-        let location =
-            Location::parse(location, store_options).map_err(|source| Error::Location {
+        let location = Location::parse_with(location, store_options, &options.object_stores)
+            .map_err(|source| Error::Location {
                 source_name: name.to_string(),
                 source,
             })?;

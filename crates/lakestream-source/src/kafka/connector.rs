@@ -482,20 +482,16 @@ async fn avro_values(
             )));
         }
     };
-    let stored = lakestream_checkpoint::read_source_state(
-        ctx.checkpoint(),
-        ctx.storage_options(),
-        &t.name,
-        state_file,
-    )
-    .await?;
+    let ckpt = ctx
+        .checkpoint_location()
+        .map_err(lakestream_checkpoint::Error::from)?;
+    let stored = lakestream_checkpoint::read_source_state(&ckpt, &t.name, state_file).await?;
     let pinned = match stored {
         Some(v) => v,
         None => {
             let latest = registry.latest(&t.name, &subject).await?;
             lakestream_checkpoint::init_source_state(
-                ctx.checkpoint(),
-                ctx.storage_options(),
+                &ckpt,
                 &t.name,
                 state_file,
                 serde_json::json!({

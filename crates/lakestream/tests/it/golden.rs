@@ -56,8 +56,7 @@ async fn a_version_1_file_stream_checkpoint_is_still_read() {
 
     // The inferred schema kept for the source.
     let schema = lakestream::checkpoint::read_source_state(
-        path.to_str().unwrap(),
-        &none,
+        &lakestream::storage::Location::parse(path.to_str().unwrap(), &none).unwrap(),
         "events",
         "schema",
     )
@@ -142,8 +141,7 @@ async fn a_version_1_kafka_checkpoint_and_its_progress_are_still_read() {
     );
     // The starting point resolved at the first run.
     let initial = lakestream::checkpoint::read_source_state(
-        path.to_str().unwrap(),
-        &none,
+        &lakestream::storage::Location::parse(path.to_str().unwrap(), &none).unwrap(),
         "orders",
         "initial",
     )

@@ -18,7 +18,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use lakestream::QueryBuilder;
+use lakestream::delta::{DeltaSink, DeltaSinkOptions};
 use lakestream::source::files::{FileFormat, FileSource, FileSourceOptions};
+use lakestream::storage::StoreRegistry;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
@@ -249,7 +251,6 @@ async fn bucket(name: &str, ignore_create: bool) -> (String, Arc<FaultStore>) {
         ..Default::default()
     });
     let url = format!("s3://{name}/");
-    lakestream::register_object_store(&url::Url::parse(&url).unwrap(), store.clone());
     for f in 0..FILES {
         let body: String = (0..ROWS)
             .map(|r| format!("{{\"id\": {}, \"name\": \"n{r}\"}}\n", f * ROWS + r))
@@ -268,13 +269,23 @@ async fn bucket(name: &str, ignore_create: bool) -> (String, Arc<FaultStore>) {
     (url, store)
 }
 
-fn query(url: &str) -> QueryBuilder {
+/// A registry serving the bucket at `url` with `store`.
+fn stores(url: &str, store: &Arc<FaultStore>) -> StoreRegistry {
+    let stores = StoreRegistry::default();
+    stores.register(&url::Url::parse(url).unwrap(), store.clone());
+    stores
+}
+
+/// The backfill of the bucket at `url`, its every location served by `store`.
+fn query(url: &str, store: &Arc<FaultStore>) -> QueryBuilder {
+    let stores = stores(url, store);
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, true),
         Field::new("name", DataType::Utf8, true),
     ]));
     let mut opts = FileSourceOptions::new(FileFormat::Json);
     opts.max_files_per_trigger = Some(1);
+    opts.object_stores = stores.clone();
     let source = FileSource::try_new(
         "events",
         &format!("{url}input/"),
@@ -283,18 +294,32 @@ fn query(url: &str) -> QueryBuilder {
         opts,
     )
     .unwrap();
-    crate::common::available_now(
-        source,
-        "SELECT id, name FROM events",
+    let sink = DeltaSink::try_new(
         &format!("{url}table/"),
-        &format!("{url}ckpt/"),
+        DeltaSinkOptions {
+            object_stores: stores.clone(),
+            ..Default::default()
+        },
     )
+    .unwrap();
+    QueryBuilder::new()
+        .source(Arc::new(source))
+        .unwrap()
+        .sql("SELECT id, name FROM events")
+        .sink(Arc::new(sink))
+        .checkpoint(format!("{url}ckpt/"))
+        .object_stores(stores)
+        .trigger(lakestream::Trigger::AvailableNow)
 }
 
 /// How many times each id is in the table at `url`table/.
-async fn id_counts(url: &str) -> BTreeMap<i64, usize> {
-    let loc =
-        lakestream::storage::Location::parse(&format!("{url}table/"), &Default::default()).unwrap();
+async fn id_counts(url: &str, store: &Arc<FaultStore>) -> BTreeMap<i64, usize> {
+    let loc = lakestream::storage::Location::parse_with(
+        &format!("{url}table/"),
+        &Default::default(),
+        &stores(url, store),
+    )
+    .unwrap();
     let table = lakestream::delta::load_table(&loc)
         .await
         .unwrap()
@@ -327,10 +352,10 @@ async fn id_counts(url: &str) -> BTreeMap<i64, usize> {
 async fn store_faults_at_any_operation_lose_and_double_nothing() {
     // A clean run: how many puts, gets and lists one backfill makes.
     let (url, store) = bucket("faults-clean", false).await;
-    let summary = query(&url).run().await.unwrap();
+    let summary = query(&url, &store).run().await.unwrap();
     assert_eq!(summary.batches, FILES as u64);
     let expected: BTreeMap<i64, usize> = (0..(FILES * ROWS) as i64).map(|i| (i, 1)).collect();
-    assert_eq!(id_counts(&url).await, expected);
+    assert_eq!(id_counts(&url, &store).await, expected);
     let (puts, gets, lists) = store.counts();
     assert!(puts > 10 && gets > 5 && lists > 2, "{puts} {gets} {lists}");
 
@@ -358,7 +383,7 @@ async fn store_faults_at_any_operation_lose_and_double_nothing() {
                 // The restarts run on a healthy store.
                 *store.fault.lock().unwrap() = None;
             }
-            match tokio::time::timeout(Duration::from_secs(60), query(&url).run())
+            match tokio::time::timeout(Duration::from_secs(60), query(&url, &store).run())
                 .await
                 .expect("a run finishes")
             {
@@ -379,7 +404,7 @@ async fn store_faults_at_any_operation_lose_and_double_nothing() {
         // A fault that never fired (the faulty run took another path) must
         // not hit the reader.
         *store.fault.lock().unwrap() = None;
-        assert_eq!(id_counts(&url).await, expected, "{fault:?}");
+        assert_eq!(id_counts(&url, &store).await, expected, "{fault:?}");
     }
     // Failures before the work must surface somewhere (not all retried away).
     assert!(failed_runs > 0, "no injected fault failed a run");
@@ -388,7 +413,7 @@ async fn store_faults_at_any_operation_lose_and_double_nothing() {
 #[tokio::test]
 async fn a_store_that_overwrites_on_create_is_refused() {
     let (url, store) = bucket("no-conditional-put", true).await;
-    let err = query(&url).run().await.unwrap_err().to_string();
+    let err = query(&url, &store).run().await.unwrap_err().to_string();
     assert!(
         err.contains("atomic create-if-absent") && err.contains("no-conditional-put"),
         "{err}"
@@ -402,4 +427,84 @@ async fn a_store_that_overwrites_on_create_is_refused() {
         .collect()
         .await;
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test]
+async fn each_query_reaches_a_bucket_through_its_own_stores() {
+    // Two stores for one bucket name, as two tenants of one service would
+    // have: each query writes through the store it was handed.
+    let (url, first) = bucket("tenant", false).await;
+    let (_, second) = bucket("tenant", false).await;
+    query(&url, &first).run().await.unwrap();
+    let expected: BTreeMap<i64, usize> = (0..(FILES * ROWS) as i64).map(|i| (i, 1)).collect();
+    assert_eq!(id_counts(&url, &first).await, expected);
+    let written = |store: &Arc<FaultStore>| {
+        let inner = store.inner.clone();
+        async move {
+            inner
+                .list(None)
+                .map(|m| m.unwrap().location.to_string())
+                .filter(|p| futures::future::ready(!p.starts_with("input/")))
+                .count()
+                .await
+        }
+    };
+    assert!(written(&first).await > 0);
+    assert_eq!(
+        written(&second).await,
+        0,
+        "the other tenant's store was written"
+    );
+    query(&url, &second).run().await.unwrap();
+    assert_eq!(id_counts(&url, &second).await, expected);
+}
+
+#[tokio::test]
+async fn a_job_files_every_location_goes_through_the_run_stores() {
+    // An inferred-schema file stream, a static table, the output, its dead
+    // letters and the checkpoint, all in one bucket no real store serves.
+    let (url, store) = bucket("job-stores", false).await;
+    // A static table, and a file that is not JSON, read last: its line
+    // goes to the dead letters.
+    for (path, body) in [
+        ("names/part-0.csv", "id,label\n0,zero\n99,last\n"),
+        ("input/part-zzz.json", "not json\n"),
+    ] {
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let body = PutPayload::from(body.to_string());
+        store.inner.put(&Path::from(path), body).await.unwrap();
+    }
+    let job = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE events STORED AS JSON LOCATION '{url}input/'\n\
+         OPTIONS ('on_error' 'dead_letter', 'dead_letter_location' '{url}dead/',\n\
+                  'max_files_per_trigger' '1');\n\
+         CREATE EXTERNAL TABLE names STORED AS CSV LOCATION '{url}names/' \
+         OPTIONS ('format.has_header' 'true');\n\
+         CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION '{url}table/';\n\
+         INSERT INTO out SELECT e.id, e.name FROM events e LEFT JOIN names n ON e.id = n.id;\n"
+    );
+    let mut options = lakestream::job::JobOptions::new(format!("{url}ckpt/"));
+    options.trigger = lakestream::Trigger::AvailableNow;
+    options.object_stores = stores(&url, &store);
+    let summary = lakestream::job::load_job("job.sql", &job, &options)
+        .await
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(summary.batches, FILES as u64 + 1);
+    let expected: BTreeMap<i64, usize> = (0..(FILES * ROWS) as i64).map(|i| (i, 1)).collect();
+    assert_eq!(id_counts(&url, &store).await, expected);
+    let dead = store
+        .inner
+        .list(Some(&Path::from("dead/_delta_log")))
+        .count()
+        .await;
+    assert!(dead > 0, "no dead-letter table in the bucket");
+    // The inferred schema is kept in the checkpoint in that bucket.
+    let kept = store
+        .inner
+        .get(&Path::from("ckpt/sources/events/schema"))
+        .await;
+    assert!(kept.is_ok(), "{kept:?}");
 }
