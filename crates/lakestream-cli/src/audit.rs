@@ -284,6 +284,7 @@ pub(crate) async fn verify(
     };
     // (table URL, the output identity commits/N names it by)
     let mut tables: Vec<(String, String)> = Vec::new();
+    let mut reports = Vec::new();
     match table_url {
         Some(t) => {
             let wanted = Location::parse(t, options)?.url().to_string();
@@ -306,12 +307,15 @@ pub(crate) async fn verify(
                 bail!("the checkpoint does not record its table yet; pass --table");
             }
             for o in outputs.iter().chain(&dead_letters) {
-                tables.push((url_of(o)?, o.clone()));
+                if o.starts_with("kafka://") {
+                    reports.push(verify_kafka(&view, checkpoint, o).await?);
+                } else {
+                    tables.push((url_of(o)?, o.clone()));
+                }
             }
         }
     }
     let sink = outputs.first().cloned().unwrap_or_default();
-    let mut reports = Vec::new();
     for (url, identity) in &tables {
         let check = TableCheck {
             identity,
@@ -332,8 +336,19 @@ pub(crate) async fn verify(
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         for r in &reports {
+            let read = if r.table.starts_with("kafka://") {
+                format!(
+                    "the last batch id committed with its records, in group lakestream-{}",
+                    r.query_id
+                )
+            } else {
+                format!(
+                    "{} versions read from version {}",
+                    r.versions_checked, r.first_version
+                )
+            };
             outln!(
-                "{}: {} batches of query {} in {} ({} versions read from version {})",
+                "{}: {} batches of query {} in {} ({read})",
                 if r.errors.is_empty() {
                     "clean"
                 } else {
@@ -342,8 +357,6 @@ pub(crate) async fn verify(
                 r.batches_in_table,
                 r.query_id,
                 r.table,
-                r.versions_checked,
-                r.first_version
             );
             if r.positions_checked > 0 {
                 outln!(
@@ -363,6 +376,65 @@ pub(crate) async fn verify(
         }
     }
     Ok(clean)
+}
+
+/// Check a Kafka output against the checkpoint: the batch id its
+/// transactions committed last (the query's consumer-group offset on the
+/// topic, see `lakestream::kafka::sink`) must be at least the last batch
+/// the checkpoint marks done, and no more than the last it planned.
+/// Every batch's records and its batch id are committed in one
+/// transaction, so that batch id says which batches the topic holds.
+async fn verify_kafka(
+    view: &CheckpointView,
+    checkpoint: &str,
+    identity: &str,
+) -> anyhow::Result<Report> {
+    use lakestream::kafka::{KafkaSink, KafkaSinkOptions, marker_group};
+    use lakestream::sink::Sink;
+    let query_id = view.metadata().query_id.to_string();
+    let rest = identity.trim_start_matches("kafka://");
+    let (servers, topic) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut r = Report {
+        checkpoint: checkpoint.to_string(),
+        table: identity.to_string(),
+        query_id: query_id.clone(),
+        ..Default::default()
+    };
+    let sink = KafkaSink::try_new(KafkaSinkOptions::new(servers, topic))?;
+    let in_topic = sink.committed_batch(&query_id).await?;
+    let marked = view.latest_commit().await?.map(|c| c.batch_id);
+    let planned = view.latest_offsets().await?.map(|o| o.batch_id);
+    let group = marker_group(&query_id);
+    r.batches_in_table = in_topic.map_or(0, |b| b + 1);
+    match (marked, in_topic) {
+        (Some(m), None) => r.errors.push(format!(
+            "the checkpoint marks batches up to {m} done, but group {group} holds no batch of \
+             the query on {topic}: the topic lost them (deleted and re-created?) or another \
+             cluster is named"
+        )),
+        (Some(m), Some(t)) if t < m => r.errors.push(format!(
+            "the checkpoint marks batch {m} done, but the last batch committed to {topic} is {t}"
+        )),
+        _ => {}
+    }
+    if let Some(t) = in_topic
+        && planned.is_none_or(|p| t > p)
+    {
+        r.errors.push(format!(
+            "{topic} holds batch {t} of the query, which the checkpoint never planned \
+             (its last write-ahead record is {planned:?}): another checkpoint writes there \
+             with this query id"
+        ));
+    }
+    if let (Some(t), Some(m)) = (in_topic, marked)
+        && t > m
+    {
+        r.warnings.push(format!(
+            "batch {t} is in the topic but not marked done in the checkpoint yet: the next \
+             run marks it"
+        ));
+    }
+    Ok(r)
 }
 
 /// Which output a table is, for [`verify_table`].

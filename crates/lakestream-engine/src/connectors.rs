@@ -98,10 +98,13 @@ impl Connectors {
             c.register_source(format, Arc::new(files::connector::FilesConnector));
         }
         #[cfg(feature = "kafka")]
-        c.register_source(
-            "KAFKA",
-            Arc::new(lakestream_source::kafka::connector::KafkaConnector),
-        );
+        {
+            c.register_source(
+                "KAFKA",
+                Arc::new(lakestream_source::kafka::connector::KafkaConnector),
+            );
+            c.register_sink("KAFKA", Arc::new(lakestream_kafka::KafkaSinkConnector));
+        }
         c.register_source(
             "GENERATOR",
             Arc::new(generator::connector::GeneratorConnector),
@@ -194,7 +197,7 @@ impl Connectors {
             return Err(ctx.error(format!("the output table {} cannot be UNBOUNDED", t.name)));
         }
         let allowed: Vec<&str> = c.options().iter().chain(OUTPUT_OPTIONS).copied().collect();
-        ctx.check_options(&allowed, None)?;
+        ctx.check_options(&allowed, c.passthrough_prefix())?;
         c.create(&ctx).await
     }
 }

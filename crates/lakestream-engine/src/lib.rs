@@ -47,6 +47,8 @@ pub use static_delta::StaticDeltaTable;
 
 pub use lakestream_checkpoint as checkpoint;
 pub use lakestream_delta as delta;
+#[cfg(feature = "kafka")]
+pub use lakestream_kafka as kafka;
 pub use lakestream_protocol as protocol;
 pub use lakestream_sink as sink;
 pub use lakestream_source as source;

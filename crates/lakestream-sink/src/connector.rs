@@ -15,6 +15,12 @@ pub trait SinkConnector: Send + Sync {
     /// The options the connector accepts (storage options aside).
     fn options(&self) -> &'static [&'static str];
 
+    /// A prefix of option keys passed through to the sink's client as
+    /// they are (Kafka's `kafka.`), or `None` (the default).
+    fn passthrough_prefix(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The sink for the output table of `ctx` (an `INSERT` target or a
     /// dead-letter table). Errors about the declaration come from
     /// [`TableContext::error`]; the sink's own convert with `?`.

@@ -58,6 +58,10 @@ pub use lakestream_engine::{
     parse_duration, parse_size, sink, source, state, storage,
 };
 
+/// Kafka outputs: the transactional [`kafka::KafkaSink`] and its settings.
+#[cfg(feature = "kafka")]
+pub use lakestream_engine::kafka;
+
 /// Serve some buckets (`s3://bucket/`, `gs://...`, `az://...`) with your
 /// own object stores, for the queries you hand the registry to.
 pub use lakestream_engine::storage::StoreRegistry;

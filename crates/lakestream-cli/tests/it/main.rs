@@ -16,6 +16,7 @@ mod group;
 mod kafka;
 mod kafka_avro;
 mod kafka_security;
+mod kafka_sink;
 mod maintenance;
 mod ops;
 mod pipeline;

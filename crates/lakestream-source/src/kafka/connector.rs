@@ -1,7 +1,6 @@
 //! `STORED AS KAFKA`: topics read exactly once by explicit offset range.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use crate::Source;
@@ -13,10 +12,10 @@ use crate::kafka::{
 };
 use async_trait::async_trait;
 
-use super::settings::{expand_env, read_properties};
 use crate::SourceConnector;
 use lakestream_job::connector::TableContext;
 use lakestream_job::{Error, Result};
+use lakestream_kafka::settings::{bootstrap_servers, client_settings, expand_env};
 
 /// Builds [`KafkaSource`]s from `LOCATION 'kafka://HOST:PORT[,...]/TOPIC[,...]'`
 /// and the options below; `kafka.*` keys go to librdkafka (the source
@@ -80,7 +79,7 @@ impl SourceConnector for KafkaConnector {
     async fn create(&self, ctx: &TableContext<'_>) -> Result<Arc<dyn Source>> {
         let t = ctx.table();
         let (servers, topics) = location(ctx)?;
-        let mut settings = client_settings(ctx)?;
+        let mut settings = client_settings(ctx, RESERVED_CLIENT_KEYS, "the exactly-once reader")?;
         // Kafka clients' files carry the registry's settings too.
         let registry_file: BTreeMap<String, String> = settings
             .extract_if(.., |k, _| {
@@ -143,33 +142,6 @@ fn location<'a>(ctx: &TableContext<'a>) -> Result<(&'a str, Topics)> {
         }
     };
     Ok((servers, topics))
-}
-
-/// The bootstrap servers: LOCATION's, or the settings' when LOCATION
-/// names none; both, only when they agree.
-fn bootstrap_servers(
-    ctx: &TableContext<'_>,
-    servers: &str,
-    settings: &BTreeMap<String, String>,
-) -> Result<String> {
-    let err = |msg: String| -> Error { ctx.error(msg) };
-    Ok(match (servers, settings.get("bootstrap.servers")) {
-        ("", None) => {
-            return Err(err("no bootstrap servers: name them in LOCATION \
-                     ('kafka://HOST:PORT/TOPIC') or as bootstrap.servers in the \
-                     properties_file"
-                .into()));
-        }
-        ("", Some(s)) => s.clone(),
-        (s, Some(other)) if s != other => {
-            return Err(err(format!(
-                "LOCATION names the brokers {s} but bootstrap.servers is {other}: give \
-                     them once (write LOCATION 'kafka:///TOPIC' to take them from the \
-                     settings)"
-            )));
-        }
-        (s, _) => s.to_string(),
-    })
 }
 
 /// `key_format` (`raw`, `string`, `json` with `key_columns`; `avro` is
@@ -401,41 +373,6 @@ fn check_registry_options(
         return Err(err("option key_subject needs 'key_format' 'avro'".into()));
     }
     Ok(())
-}
-
-/// The librdkafka settings of a Kafka table: those of its
-/// `properties_file` (Java properties, as Kafka clients read them), then
-/// its `kafka.*` options, which win; `${env:NAME}` references expanded in
-/// both. A file may not set what the exactly-once reader owns.
-fn client_settings(ctx: &TableContext<'_>) -> Result<BTreeMap<String, String>> {
-    let t = ctx.table();
-    let mut settings = BTreeMap::new();
-    if let Some(path) = ctx.option("properties_file") {
-        let pairs = read_properties(Path::new(path))
-            .map_err(|m| ctx.error(format!("option properties_file of {}: {m}", t.name)))?;
-        for (k, v) in pairs {
-            let lower = k.to_ascii_lowercase();
-            // The brokers may come from the file (checked against LOCATION).
-            let reserved = RESERVED_CLIENT_KEYS
-                .iter()
-                .find(|(r, _)| *r == lower && lower != "bootstrap.servers");
-            if let Some((_, why)) = reserved {
-                return Err(ctx.error(format!(
-                    "the properties_file {path} of {} sets {k}, which the exactly-once reader \
-                     sets itself: {why}. Remove it from the file",
-                    t.name
-                )));
-            }
-            settings.insert(k, v);
-        }
-    }
-    for (k, v) in &t.options {
-        if let Some(rest) = k.strip_prefix("kafka.") {
-            let v = expand_env(k, v).map_err(|m| ctx.error(format!("{m} (table {})", t.name)))?;
-            settings.insert(rest.to_string(), v);
-        }
-    }
-    Ok(settings)
 }
 
 /// Which part of a record is Avro.

@@ -47,7 +47,6 @@ mod group;
 mod plan;
 mod read;
 pub mod registry;
-mod settings;
 
 use decode::*;
 use plan::*;

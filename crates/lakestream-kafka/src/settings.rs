@@ -4,15 +4,100 @@
 //!
 //! A job file can then name a secret without holding it:
 //! `'kafka.sasl.password' '${env:KAFKA_PASSWORD}'`, or
-//! `'properties_file' 'client.properties'`. Functions here return the
-//! message of an error; the caller positions it at the declaration.
+//! `'properties_file' 'client.properties'`. [`client_settings`] gathers a
+//! table's settings from both, refusing the keys its client owns;
+//! [`bootstrap_servers`] reconciles the brokers of `LOCATION` with them.
+//! The lower-level functions return the message of an error; the caller
+//! positions it at the declaration.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+
+use lakestream_job::connector::TableContext;
+use lakestream_job::{Error, Result};
+
+/// The librdkafka settings of the table of `ctx`: its `properties_file`
+/// (when given), then its `kafka.*` options (which win), with
+/// `${env:NAME}` expanded. A key in `owned` (the client's own, with the
+/// reason) is refused wherever it is set; `client` names that client in
+/// the message. `bootstrap.servers` may come from the file; see
+/// [`bootstrap_servers`].
+pub fn client_settings(
+    ctx: &TableContext<'_>,
+    owned: &[(&str, &str)],
+    client: &str,
+) -> Result<BTreeMap<String, String>> {
+    let t = ctx.table();
+    let owned_key = |key: &str| {
+        let lower = key.to_ascii_lowercase();
+        owned
+            .iter()
+            .find(|(r, _)| *r == lower && lower != "bootstrap.servers")
+            .map(|(_, why)| *why)
+    };
+    let mut settings = BTreeMap::new();
+    if let Some(path) = ctx.option("properties_file") {
+        let pairs = read_properties(Path::new(path))
+            .map_err(|m| ctx.error(format!("option properties_file of {}: {m}", t.name)))?;
+        for (k, v) in pairs {
+            if let Some(why) = owned_key(&k) {
+                return Err(ctx.error(format!(
+                    "the properties_file {path} of {} sets {k}, which {client} sets itself: \
+                     {why}. Remove it from the file",
+                    t.name
+                )));
+            }
+            settings.insert(k, v);
+        }
+    }
+    for (k, v) in &t.options {
+        if let Some(rest) = k.strip_prefix("kafka.") {
+            if let Some(why) = owned_key(rest) {
+                let lower = rest.to_ascii_lowercase();
+                return Err(ctx.error(format!(
+                    "option kafka.{lower} of {}: {client} sets {lower} itself and it cannot be \
+                     changed: {why}",
+                    t.name
+                )));
+            }
+            let v = expand_env(k, v).map_err(|m| ctx.error(format!("{m} (table {})", t.name)))?;
+            settings.insert(rest.to_string(), v);
+        }
+    }
+    Ok(settings)
+}
+
+/// The brokers: those `LOCATION` names (`servers`), or else the
+/// settings' `bootstrap.servers`; both given and different is an error.
+pub fn bootstrap_servers(
+    ctx: &TableContext<'_>,
+    servers: &str,
+    settings: &BTreeMap<String, String>,
+) -> Result<String> {
+    let err = |msg: String| -> Error { ctx.error(msg) };
+    Ok(match (servers, settings.get("bootstrap.servers")) {
+        ("", None) => {
+            return Err(err("no bootstrap servers: name them in LOCATION \
+                     ('kafka://HOST:PORT/TOPIC') or as bootstrap.servers in the \
+                     properties_file"
+                .into()));
+        }
+        ("", Some(s)) => s.clone(),
+        (s, Some(other)) if s != other => {
+            return Err(err(format!(
+                "LOCATION names the brokers {s} but bootstrap.servers is {other}: give \
+                     them once (write LOCATION 'kafka:///TOPIC' to take them from the \
+                     settings)"
+            )));
+        }
+        (s, _) => s.to_string(),
+    })
+}
 
 /// `value` of option `key` with every `${env:NAME}` replaced by the
 /// environment variable `NAME`. An unset (or non-UTF-8) variable is an
 /// error naming it and the option. `$${` stands for a literal `${`.
-pub(super) fn expand_env(key: &str, value: &str) -> Result<String, String> {
+pub fn expand_env(key: &str, value: &str) -> Result<String, String> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(at) = rest.find("${") {
@@ -69,7 +154,7 @@ pub(super) fn expand_env(key: &str, value: &str) -> Result<String, String> {
 /// `java.util.Properties`: `#` and `!` comments, `=`, `:` or white space
 /// between key and value, a trailing `\` continuing a line, and `\`
 /// escapes (`\t`, `\n`, `\uXXXX`, `\=`, ...).
-pub(super) fn read_properties(path: &Path) -> Result<Vec<(String, String)>, String> {
+pub fn read_properties(path: &Path) -> Result<Vec<(String, String)>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the properties file {}: {e}", path.display()))?;
     parse_properties(&text).map_err(|(line, msg)| format!("{}:{line}: {msg}", path.display()))

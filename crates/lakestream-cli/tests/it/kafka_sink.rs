@@ -1,0 +1,273 @@
+//! Kafka as an output, against a real Kafka-protocol broker process: each
+//! batch in one transaction that commits its batch id, read back by an
+//! independent reader that decides from the log's own commit and abort
+//! markers what a read_committed consumer sees (`tests/py/read_committed.py`;
+//! the test broker does not filter aborted records for its consumers).
+
+use std::time::Duration;
+
+use crate::broker::{Broker, kafka_job, orders};
+use crate::common::*;
+
+/// What `tests/py/read_committed.py` reads of `topic`.
+struct Topic {
+    committed: Vec<serde_json::Value>,
+    aborted: u64,
+    open: u64,
+}
+
+impl Topic {
+    fn read(broker: &Broker, topic: &str) -> Self {
+        let bootstrap = broker.bootstrap();
+        let out = run_py_lines(
+            "read_committed.py",
+            &[bootstrap.as_ref(), topic.as_ref()],
+            &[],
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        Self {
+            committed: v["committed"].as_array().unwrap().clone(),
+            aborted: v["aborted"].as_u64().unwrap(),
+            open: v["open"].as_u64().unwrap(),
+        }
+    }
+
+    /// The committed records' values, parsed.
+    fn values(&self) -> Vec<serde_json::Value> {
+        self.committed
+            .iter()
+            .map(|r| serde_json::from_str(r["value"].as_str().unwrap()).unwrap())
+            .collect()
+    }
+}
+
+/// A job writing the events under `input` (kept when amount > 0) to
+/// `topic`, keyed by event id, one file per batch.
+fn events_to_kafka(input: &std::path::Path, broker: &Broker, topic: &str, extra: &str) -> String {
+    format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE events (\n  event_id VARCHAR NOT NULL, user_id BIGINT, \
+         event_type VARCHAR, amount DOUBLE, ts TIMESTAMP\n) STORED AS JSON LOCATION '{}'\n\
+         OPTIONS ('max_files_per_trigger' '1');\n\
+         CREATE EXTERNAL TABLE alerts STORED AS KAFKA LOCATION 'kafka://{}/{topic}'\n\
+         OPTIONS ('format' 'json'{extra});\n\
+         INSERT INTO alerts SELECT event_id AS _key, event_id, user_id, amount, ts AS _timestamp,\n\
+         CAST(user_id % 2 AS INT) AS _partition, '{{\"source\": \"files\"}}' AS _headers\n\
+         FROM events WHERE amount > 0;\n",
+        input.display(),
+        broker.bootstrap()
+    )
+}
+
+#[test]
+fn files_to_kafka_each_row_once_with_its_key_partition_timestamp_and_headers() {
+    let broker = Broker::start();
+    broker.create_topic("alerts", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let kept = write_events(&dir.join("in"), 0, 3, 20);
+    std::fs::write(
+        dir.join("job.sql"),
+        events_to_kafka(&dir.join("in"), &broker, "alerts", ""),
+    )
+    .unwrap();
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let topic = Topic::read(&broker, "alerts");
+    assert_eq!((topic.aborted, topic.open), (0, 0));
+    let values = topic.values();
+    assert_exactly_once(&values, &kept);
+    for (r, v) in topic.committed.iter().zip(&values) {
+        // The reserved columns are the record's parts, not the value's.
+        assert_eq!(r["key"], v["event_id"]);
+        assert_eq!(r["partition"], v["user_id"].as_i64().unwrap() % 2);
+        assert_eq!(r["headers"], serde_json::json!({"source": "files"}));
+        let obj = v.as_object().unwrap();
+        assert!(!obj.contains_key("_key") && !obj.contains_key("_partition"));
+        assert!(obj.contains_key("amount") && !obj.contains_key("ts"));
+    }
+    // The events' own times (2026-01-01..03 10:00 UTC) became the
+    // records' timestamps.
+    let jan_1_10h = 1_767_261_600_000_i64;
+    let times: std::collections::BTreeSet<i64> = topic
+        .committed
+        .iter()
+        .map(|r| r["timestamp"].as_i64().unwrap())
+        .collect();
+    let want: std::collections::BTreeSet<i64> =
+        (0..3).map(|d| jan_1_10h + d * 86_400_000).collect();
+    assert_eq!(times, want);
+    // The batch ids are committed to the query's group: batch 2 last.
+    let query_id = checkpoint_query_id(dir);
+    let group = format!("lakestream-{query_id}");
+    assert_eq!(broker.committed(&group, "alerts", 1), vec![3]);
+
+    // A second run over the same input finds every batch committed.
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(Topic::read(&broker, "alerts").committed.len(), kept.len());
+    // New input: the next batches, once.
+    let more = write_events(&dir.join("in"), 3, 2, 20);
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let all: Vec<String> = kept.iter().chain(&more).cloned().collect();
+    let mut all = all;
+    all.sort();
+    assert_exactly_once(&Topic::read(&broker, "alerts").values(), &all);
+    assert_eq!(broker.committed(&group, "alerts", 1), vec![5]);
+}
+
+/// The query id the checkpoint in `dir/ckpt` was created with.
+fn checkpoint_query_id(dir: &std::path::Path) -> String {
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("ckpt/metadata")).unwrap()).unwrap();
+    meta["query_id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn files_to_kafka_exactly_once_through_sigkills() {
+    let broker = Broker::start();
+    broker.create_topic("alerts", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Batches of 2,000 records: a kill can land while one is produced.
+    let mut kept = write_events(&dir.join("in"), 0, 30, 2_000);
+    kept.sort();
+    std::fs::write(
+        dir.join("job.sql"),
+        events_to_kafka(&dir.join("in"), &broker, "alerts", ""),
+    )
+    .unwrap();
+    // The topic cannot be put back as it was, so the loop never starts
+    // over; kills must land in its one pass.
+    let (kills, _) = kill_until_done_logged(
+        dir,
+        &run_job_args("ckpt"),
+        &[],
+        &Kills {
+            max: 8,
+            min: 0,
+            seed: clock_seed(),
+            limit: Duration::from_secs(300),
+            latest: Duration::from_millis(600),
+        },
+    );
+    let topic = Topic::read(&broker, "alerts");
+    eprintln!(
+        "killed {kills} times; {} records committed, {} aborted",
+        topic.committed.len(),
+        topic.aborted
+    );
+    assert!(kills >= 1, "no kill landed: the run proves nothing");
+    assert_eq!(topic.open, 0, "a transaction was left open");
+    assert_exactly_once(&topic.values(), &kept);
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("clean: 30 batches"), "{}", text(&o));
+}
+
+#[test]
+fn kafka_to_kafka_exactly_once() {
+    let broker = Broker::start();
+    broker.create_topic("orders", 3);
+    broker.create_topic("big_orders", 1);
+    let records = orders(0, 300);
+    broker.produce("orders", 3, &records);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The Delta job's source, writing to a topic instead.
+    let job = kafka_job(&broker.bootstrap(), "orders", "unused", "'max_offsets_per_trigger' '50'")
+        .replace(
+            "CREATE EXTERNAL TABLE out STORED AS DELTA LOCATION 'unused';",
+            &format!(
+                "CREATE EXTERNAL TABLE out STORED AS KAFKA LOCATION 'kafka://{}/big_orders';",
+                broker.bootstrap()
+            ),
+        )
+        .replace(
+            "INSERT INTO out SELECT order_id, customer_id, amount, ts, _topic, _partition, _offset FROM orders;",
+            "INSERT INTO out SELECT order_id AS _key, order_id, amount, _partition AS source_partition, _offset AS source_offset FROM orders WHERE amount > 10;",
+        );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let topic = Topic::read(&broker, "big_orders");
+    let mut got: Vec<String> = topic
+        .values()
+        .iter()
+        .map(|v| v["order_id"].as_str().unwrap().to_string())
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = records
+        .iter()
+        .map(|(_, v)| serde_json::from_str::<serde_json::Value>(v).unwrap())
+        .filter(|v| v["amount"].as_f64().unwrap() > 10.0)
+        .map(|v| v["order_id"].as_str().unwrap().to_string())
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+    assert!(topic.committed.iter().all(|r| r["key"].is_string()));
+}
+
+#[test]
+fn a_kafka_output_is_refused_clearly_when_it_cannot_be_written_exactly_once() {
+    let broker = Broker::start();
+    broker.create_topic("alerts", 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_events(&dir.join("in"), 0, 1, 5);
+    let input = dir.join("in");
+    for (extra, query, expect) in [
+        // A topic the job would create with the broker's defaults.
+        (
+            "",
+            "SELECT event_id FROM events",
+            "topic missing does not exist",
+        ),
+        // Keys the sink owns.
+        (
+            ", 'kafka.transactional.id' 'mine'",
+            "SELECT event_id FROM events",
+            "transactional_id",
+        ),
+        (
+            ", 'kafka.acks' '1'",
+            "SELECT event_id FROM events",
+            "acks=all",
+        ),
+        // A key column of a type a key cannot be.
+        (
+            "",
+            "SELECT user_id AS _key FROM events",
+            "CAST(... AS VARCHAR) AS _key",
+        ),
+        // Complete mode cannot take rows back out of a topic.
+        (
+            ", 'output_mode' 'complete'",
+            "SELECT user_id, count(*) AS n FROM events GROUP BY user_id",
+            "complete mode",
+        ),
+    ] {
+        let topic = if expect.starts_with("topic missing") {
+            "missing"
+        } else {
+            "alerts"
+        };
+        let job = format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE events (event_id VARCHAR, user_id BIGINT, amount DOUBLE, ts TIMESTAMP)\n\
+             STORED AS JSON LOCATION '{}';\n\
+             CREATE EXTERNAL TABLE out STORED AS KAFKA LOCATION 'kafka://{}/{topic}'\n\
+             OPTIONS ('format' 'json'{extra});\n\
+             INSERT INTO out {query};\n",
+            input.display(),
+            broker.bootstrap()
+        );
+        std::fs::write(dir.join("job.sql"), job).unwrap();
+        let o = run_in(dir, &run_job_args("ckpt-refused"));
+        assert!(!o.status.success(), "{extra} {query}: {}", text(&o));
+        let msg = stderr(&o);
+        let expect = expect.trim_start_matches("topic missing ");
+        assert!(msg.contains(expect), "{extra} {query}: {msg}");
+        let _ = std::fs::remove_dir_all(dir.join("ckpt-refused"));
+    }
+    assert!(Topic::read(&broker, "alerts").committed.is_empty());
+}
