@@ -21,6 +21,7 @@
 
 pub mod connector;
 mod parse;
+pub mod settings;
 mod shape;
 mod values;
 pub mod window;

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lakestream_job::connector::TableContext;
+use lakestream_job::settings::{bootstrap_servers, client_settings};
 use lakestream_job::{Error, Result};
 use lakestream_sink::{Sink, SinkConnector};
 
-use crate::settings::{bootstrap_servers, client_settings};
 use crate::sink::{KafkaSink, KafkaSinkOptions, OWNED_PRODUCER_KEYS};
 
 /// Builds [`KafkaSink`]s for output tables `STORED AS KAFKA`.
@@ -58,7 +58,8 @@ impl SinkConnector for KafkaSinkConnector {
                 t.name
             )));
         }
-        let mut settings = client_settings(ctx, OWNED_PRODUCER_KEYS, "the transactional sink")?;
+        let mut settings =
+            client_settings(ctx, "kafka.", OWNED_PRODUCER_KEYS, "the transactional sink")?;
         let servers = bootstrap_servers(ctx, servers, &settings)?;
         settings.remove("bootstrap.servers");
         let mut o = KafkaSinkOptions::new(&servers, topic);

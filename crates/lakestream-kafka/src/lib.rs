@@ -7,13 +7,11 @@
 //! - [`encode`]: rows to records (JSON values; `_key`, `_partition`,
 //!   `_headers`, `_timestamp` columns);
 //! - [`connector::KafkaSinkConnector`]: `STORED AS KAFKA` on an output
-//!   table;
-//! - [`settings`]: client settings from job files, shared with the Kafka
-//!   source (`${env:NAME}` references, `.properties` files, owned keys).
+//!   table, with the client settings the Kafka source reads too
+//!   (`lakestream_job::settings`).
 
 pub mod connector;
 pub mod encode;
-pub mod settings;
 pub mod sink;
 
 pub use connector::KafkaSinkConnector;

@@ -14,8 +14,8 @@ use async_trait::async_trait;
 
 use crate::SourceConnector;
 use lakestream_job::connector::TableContext;
+use lakestream_job::settings::{bootstrap_servers, client_settings, expand_env};
 use lakestream_job::{Error, Result};
-use lakestream_kafka::settings::{bootstrap_servers, client_settings, expand_env};
 
 /// Builds [`KafkaSource`]s from `LOCATION 'kafka://HOST:PORT[,...]/TOPIC[,...]'`
 /// and the options below; `kafka.*` keys go to librdkafka (the source
@@ -79,7 +79,12 @@ impl SourceConnector for KafkaConnector {
     async fn create(&self, ctx: &TableContext<'_>) -> Result<Arc<dyn Source>> {
         let t = ctx.table();
         let (servers, topics) = location(ctx)?;
-        let mut settings = client_settings(ctx, RESERVED_CLIENT_KEYS, "the exactly-once reader")?;
+        let mut settings = client_settings(
+            ctx,
+            "kafka.",
+            RESERVED_CLIENT_KEYS,
+            "the exactly-once reader",
+        )?;
         // Kafka clients' files carry the registry's settings too.
         let registry_file: BTreeMap<String, String> = settings
             .extract_if(.., |k, _| {

@@ -13,17 +13,18 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use lakestream_job::connector::TableContext;
-use lakestream_job::{Error, Result};
+use crate::connector::TableContext;
+use crate::{Error, Result};
 
-/// The librdkafka settings of the table of `ctx`: its `properties_file`
-/// (when given), then its `kafka.*` options (which win), with
-/// `${env:NAME}` expanded. A key in `owned` (the client's own, with the
+/// The client settings of the table of `ctx`: its `properties_file`
+/// (when given), then its options under `prefix` (`kafka.`, which win,
+/// without the prefix), with `${env:NAME}` expanded. A key in `owned` (the client's own, with the
 /// reason) is refused wherever it is set; `client` names that client in
 /// the message. `bootstrap.servers` may come from the file; see
 /// [`bootstrap_servers`].
 pub fn client_settings(
     ctx: &TableContext<'_>,
+    prefix: &str,
     owned: &[(&str, &str)],
     client: &str,
 ) -> Result<BTreeMap<String, String>> {
@@ -51,12 +52,12 @@ pub fn client_settings(
         }
     }
     for (k, v) in &t.options {
-        if let Some(rest) = k.strip_prefix("kafka.") {
+        if let Some(rest) = k.strip_prefix(prefix) {
             if let Some(why) = owned_key(rest) {
                 let lower = rest.to_ascii_lowercase();
                 return Err(ctx.error(format!(
-                    "option kafka.{lower} of {}: {client} sets {lower} itself and it cannot be \
-                     changed: {why}",
+                    "option {prefix}{lower} of {}: {client} sets {lower} itself and it cannot \
+                     be changed: {why}",
                     t.name
                 )));
             }
@@ -67,7 +68,7 @@ pub fn client_settings(
     Ok(settings)
 }
 
-/// The brokers: those `LOCATION` names (`servers`), or else the
+/// The brokers of a Kafka table: those `LOCATION` names (`servers`), or else the
 /// settings' `bootstrap.servers`; both given and different is an error.
 pub fn bootstrap_servers(
     ctx: &TableContext<'_>,
