@@ -271,3 +271,90 @@ fn a_kafka_output_is_refused_clearly_when_it_cannot_be_written_exactly_once() {
     }
     assert!(Topic::read(&broker, "alerts").committed.is_empty());
 }
+
+#[test]
+fn the_kafka_to_kafka_example_runs_as_documented() {
+    let broker = Broker::start();
+    broker.create_topic("orders", 2);
+    broker.create_topic("large_orders", 2);
+    broker.create_topic("customer_totals", 1);
+    let records = orders(0, 400);
+    broker.produce("orders", 2, &records);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The example as shipped, pointed at this test's broker, in batches of
+    // 50 records per partition so the totals change over several batches.
+    let job = std::fs::read_to_string(root().join("examples/kafka_to_kafka.sql"))
+        .unwrap()
+        .replace("127.0.0.1:9092", &broker.bootstrap())
+        .replace(
+            "'max_offsets_per_trigger' '100000'",
+            "'max_offsets_per_trigger' '100'",
+        );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let o = run_job_progress(dir, "target/kafka_to_kafka/_checkpoint");
+    assert!(o.status.success(), "{}", text(&o));
+    let orders: Vec<serde_json::Value> = records
+        .iter()
+        .map(|(_, v)| serde_json::from_str(v).unwrap())
+        .collect();
+
+    let large = Topic::read(&broker, "large_orders");
+    let mut got: Vec<String> = large
+        .values()
+        .iter()
+        .map(|v| v["order_id"].as_str().unwrap().to_string())
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = orders
+        .iter()
+        .filter(|o| o["amount"].as_f64().unwrap() >= 25.0)
+        .map(|o| o["order_id"].as_str().unwrap().to_string())
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "each large order once");
+    for r in &large.committed {
+        let p = r["headers"]["source_partition"].as_str().unwrap();
+        assert!(p == "0" || p == "1", "{r}");
+        assert!(r["key"].as_str().unwrap().starts_with("o-"));
+    }
+
+    // The newest record per customer is its total over every order.
+    let totals = Topic::read(&broker, "customer_totals");
+    let mut newest = std::collections::BTreeMap::new();
+    for (r, v) in totals.committed.iter().zip(totals.values()) {
+        newest.insert(r["key"].as_str().unwrap().to_string(), v);
+    }
+    let mut expected = std::collections::BTreeMap::new();
+    for o in &orders {
+        let e = expected
+            .entry(o["customer_id"].as_i64().unwrap().to_string())
+            .or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += o["amount"].as_f64().unwrap();
+    }
+    assert_eq!(newest.len(), expected.len());
+    for (k, (n, total)) in &expected {
+        let v = &newest[k];
+        assert_eq!(v["orders"].as_i64(), Some(*n), "{k}: {v}");
+        assert!(
+            (v["total"].as_f64().unwrap() - total).abs() < 1e-6,
+            "{k}: {v}"
+        );
+    }
+    // Several batches changed the totals: a changelog, not one record each.
+    assert!(
+        totals.committed.len() > expected.len(),
+        "{}",
+        totals.committed.len()
+    );
+    let o = run_in(
+        dir,
+        &[
+            "verify",
+            "--checkpoint",
+            "target/kafka_to_kafka/_checkpoint",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+}
