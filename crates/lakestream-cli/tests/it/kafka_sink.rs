@@ -358,3 +358,82 @@ fn the_kafka_to_kafka_example_runs_as_documented() {
     );
     assert!(o.status.success(), "{}", text(&o));
 }
+
+#[test]
+fn a_crash_between_a_delta_and_a_kafka_commit_replays_only_the_output_that_lacks_the_batch() {
+    let broker = Broker::start();
+    broker.create_topic("alerts", 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut kept = write_events(&dir.join("in"), 0, 3, 10);
+    kept.sort();
+    for (first, second) in [("DELTA", "KAFKA"), ("KAFKA", "DELTA")] {
+        let ckpt = format!("ckpt-{first}");
+        let _ = std::fs::remove_dir_all(dir.join("table"));
+        broker.delete_topic("alerts");
+        broker.create_topic("alerts", 1);
+        let location = |format: &str| match format {
+            "KAFKA" => format!("kafka://{}/alerts", broker.bootstrap()),
+            _ => dir.join("table").display().to_string(),
+        };
+        let job = format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE events (event_id VARCHAR, user_id BIGINT, \
+             amount DOUBLE, ts TIMESTAMP)\n\
+             STORED AS JSON LOCATION '{}' OPTIONS ('max_files_per_trigger' '1');\n\
+             CREATE EXTERNAL TABLE first STORED AS {first} LOCATION '{}';\n\
+             CREATE EXTERNAL TABLE second STORED AS {second} LOCATION '{}';\n\
+             INSERT INTO first SELECT event_id, amount FROM events WHERE amount > 0;\n\
+             INSERT INTO second SELECT event_id, amount FROM events WHERE amount > 0;\n",
+            dir.join("in").display(),
+            location(first),
+            location(second)
+        );
+        std::fs::write(dir.join("job.sql"), job).unwrap();
+        // Batch 1 is committed to the first output, then the process fails.
+        let o = run_available_now(
+            dir,
+            "job.sql",
+            &ckpt,
+            &[("LAKESTREAM_FAIL_POINT", "after-commit:1".into())],
+            &[],
+        );
+        assert!(!o.status.success(), "{}", text(&o));
+        let o = run_available_now(dir, "job.sql", &ckpt, &[], &[]);
+        assert!(o.status.success(), "{}", text(&o));
+        let topic = Topic::read(&broker, "alerts");
+        assert_exactly_once(&topic.values(), &kept);
+        assert_exactly_once(&read_py(&dir.join("table")), &kept);
+        let o = run_in(dir, &["verify", "--checkpoint", &ckpt]);
+        assert!(o.status.success(), "{first} then {second}: {}", text(&o));
+    }
+}
+
+#[test]
+fn unreachable_brokers_fail_the_run_naming_them_within_unavailable_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_events(&dir.join("in"), 0, 1, 5);
+    // Port 1 on loopback: nothing listens.
+    let job = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE events (event_id VARCHAR, amount DOUBLE)\n\
+         STORED AS JSON LOCATION '{}';\n\
+         CREATE EXTERNAL TABLE out STORED AS KAFKA LOCATION 'kafka://127.0.0.1:1/alerts'\n\
+         OPTIONS ('unavailable_timeout' '2s');\n\
+         INSERT INTO out SELECT event_id FROM events;\n",
+        dir.join("in").display()
+    );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let started = std::time::Instant::now();
+    let o = run_job(dir);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    let msg = stderr(&o);
+    assert!(
+        msg.contains("127.0.0.1:1") && msg.contains("unavailable_timeout"),
+        "{msg}"
+    );
+}
