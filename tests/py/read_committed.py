@@ -9,7 +9,10 @@ transactional batch belongs to its producer's open transaction until that
 producer's next control batch: a COMMIT marker makes its records visible, an
 ABORT marker drops them. Non-transactional records are visible at once.
 
-Usage: read_committed.py BOOTSTRAP TOPIC
+Usage: read_committed.py BOOTSTRAP TOPIC [SETTINGS]
+SETTINGS: a JSON object of librdkafka-style TLS settings (security.protocol,
+ssl.ca.location, ssl.certificate.location, ssl.key.location,
+ssl.key.password, ssl.endpoint.identification.algorithm).
 Prints one JSON object: {"committed": [{"partition", "offset", "key",
 "value", "headers", "timestamp"}...], "aborted": N, "open": N}, where values
 are UTF-8 text (or null) and headers a {name: text} object.
@@ -25,7 +28,18 @@ from kafka.protocol.list_offsets import ListOffsetsRequest
 from kafka.record.memory_records import MemoryRecords
 
 bootstrap, topic = sys.argv[1], sys.argv[2]
-client = KafkaClient(bootstrap_servers=bootstrap, api_version=(2, 0))
+settings = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+TLS = {
+    "security.protocol": "security_protocol",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+}
+kwargs = {TLS[k]: v for k, v in settings.items() if k in TLS}
+if settings.get("ssl.endpoint.identification.algorithm") == "none":
+    kwargs["ssl_check_hostname"] = False
+client = KafkaClient(bootstrap_servers=bootstrap, api_version=(2, 0), **kwargs)
 deadline = time.time() + 30
 client.cluster.request_update()
 partitions = None

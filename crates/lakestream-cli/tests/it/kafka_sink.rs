@@ -19,9 +19,15 @@ struct Topic {
 impl Topic {
     fn read(broker: &Broker, topic: &str) -> Self {
         let bootstrap = broker.bootstrap();
+        let settings: serde_json::Map<String, serde_json::Value> = broker
+            .client_settings()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into()))
+            .collect();
+        let settings = serde_json::Value::Object(settings).to_string();
         let out = run_py_lines(
             "read_committed.py",
-            &[bootstrap.as_ref(), topic.as_ref()],
+            &[bootstrap.as_ref(), topic.as_ref(), settings.as_ref()],
             &[],
         );
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -436,4 +442,23 @@ fn unreachable_brokers_fail_the_run_naming_them_within_unavailable_timeout() {
         msg.contains("127.0.0.1:1") && msg.contains("unavailable_timeout"),
         "{msg}"
     );
+}
+
+#[test]
+fn a_tls_only_broker_is_written_with_the_settings_the_source_takes() {
+    let broker = Broker::start_tls();
+    broker.create_topic("alerts", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut kept = write_events(&dir.join("in"), 0, 2, 20);
+    kept.sort();
+    let extra = format!(", {}", broker.job_options());
+    std::fs::write(
+        dir.join("job.sql"),
+        events_to_kafka(&dir.join("in"), &broker, "alerts", &extra),
+    )
+    .unwrap();
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_exactly_once(&Topic::read(&broker, "alerts").values(), &kept);
 }
