@@ -360,7 +360,7 @@ fn complete_mode_writes_only_the_groups_that_changed_to_the_change_data_feed() {
 }
 
 /// (change type, commit version, user, n) of change-feed rows, sorted.
-fn changes(rows: &[Value]) -> Vec<(String, i64, i64, i64)> {
+pub(crate) fn changes(rows: &[Value]) -> Vec<(String, i64, i64, i64)> {
     let mut v: Vec<_> = rows
         .iter()
         .map(|r| {
@@ -392,7 +392,7 @@ fn counts_job(dir: &Path, files: usize) {
 
 /// [`counts_job`] as `counts.sql`, run over its files (checkpoint
 /// `ckpt_counts`).
-fn counts_with_feed(dir: &Path, files: usize) {
+pub(crate) fn counts_with_feed(dir: &Path, files: usize) {
     counts_job(dir, files);
     std::fs::rename(dir.join("job.sql"), dir.join("counts.sql")).unwrap();
     let o = run_available_now(dir, "counts.sql", "ckpt_counts", &[], &[]);

@@ -462,3 +462,48 @@ fn a_tls_only_broker_is_written_with_the_settings_the_source_takes() {
     assert!(o.status.success(), "{}", text(&o));
     assert_exactly_once(&Topic::read(&broker, "alerts").values(), &kept);
 }
+
+#[test]
+fn a_delta_tables_change_feed_streams_to_kafka_exactly_once_under_kill_9() {
+    let broker = Broker::start();
+    broker.create_topic("user_changes", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // An update-mode count per user into a table with its change feed on.
+    crate::deletion_vectors::counts_with_feed(dir, 8);
+    std::fs::write(
+        dir.join("job.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE changes STORED AS DELTA LOCATION 'per_user'\n\
+             OPTIONS ('read_change_feed' 'true', 'max_files_per_trigger' '1', \
+             'starting_version' '0');\n\
+             CREATE EXTERNAL TABLE out STORED AS KAFKA \
+             LOCATION 'kafka://{}/user_changes';\n\
+             INSERT INTO out SELECT CAST(user_id AS VARCHAR) AS _key, user_id, n, \
+             _change_type, _commit_version FROM changes;\n",
+            broker.bootstrap()
+        ),
+    )
+    .unwrap();
+    let (kills, _) = kill_until_done_logged(
+        dir,
+        &run_job_args("ckpt"),
+        &[],
+        &Kills {
+            max: 4,
+            min: 0,
+            seed: clock_seed(),
+            limit: Duration::from_secs(240),
+            latest: Duration::from_millis(300),
+        },
+    );
+    let topic = Topic::read(&broker, "user_changes");
+    let python = cdf_py(&dir.join("per_user"));
+    // Every change once: 7 inserts, then 7 pre- and post-images a batch.
+    assert_eq!(
+        crate::deletion_vectors::changes(&topic.values()),
+        crate::deletion_vectors::changes(&python),
+        "after {kills} kills"
+    );
+    assert_eq!(topic.committed.len(), 7 + 7 * 2 * 7);
+}
