@@ -88,6 +88,8 @@ pub(super) fn kafka_bench(
         );
     }
 
+    kafka_to_kafka(dir, broker, &topic, messages)?;
+
     // Group mode: one, then two processes of one job share the topic.
     // Not in smoke runs: a test broker's group coordinator may stall
     // while members join (tansu's does), and a smoke run must not hang.
@@ -124,6 +126,137 @@ pub(super) fn kafka_bench(
         );
     }
     Ok(())
+}
+
+/// The same topic into another topic, each batch one Kafka transaction,
+/// against a raw loop that produces the same records in transactions of
+/// the same size (no reading, no query): the engine's rate, and the ratio.
+fn kafka_to_kafka(
+    dir: &Path,
+    broker: &broker::Broker,
+    topic: &str,
+    messages: u64,
+) -> anyhow::Result<()> {
+    let bootstrap = broker.bootstrap();
+    let out = format!("{topic}-out");
+    broker.create_topic(&out, 4)?;
+    std::fs::write(
+        dir.join("kafka_to_kafka.sql"),
+        format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE orders (
+               order_id VARCHAR NOT NULL, customer_id BIGINT, amount DOUBLE, ts TIMESTAMP
+             ) STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{topic}';
+             CREATE EXTERNAL TABLE out STORED AS KAFKA LOCATION 'kafka://{bootstrap}/{out}';
+             INSERT INTO out SELECT order_id AS _key, order_id, customer_id, amount, ts
+             FROM orders;"
+        ),
+    )?;
+    let r = run_job(dir, "kafka_to_kafka.sql", "ckpt/kafka_to_kafka")?;
+    let n = r.sum("input_rows");
+    if n != messages {
+        bail!("the kafka -> kafka job read {n} of {messages} messages");
+    }
+    let batches = r.progress.len().max(1) as u64;
+    let in_batches: f64 = r
+        .progress
+        .iter()
+        .filter_map(|p| p["durations"]["total_ms"].as_f64())
+        .sum::<f64>()
+        / 1000.0;
+    let per_txn = messages.div_ceil(batches);
+    let raw = raw_transactions(broker, &format!("{out}-raw"), messages, per_txn)?;
+    figure("kafka_to_kafka.batches", batches, "batches (transactions)");
+    let rate = messages as f64 / r.wall.as_secs_f64();
+    figure("kafka_to_kafka.engine_rate", format!("{rate:.0}"), "msg/s");
+    figure(
+        "kafka_to_kafka.engine_batch_rate",
+        format!("{:.0}", messages as f64 / in_batches.max(1e-9)),
+        "msg/s (inside batches: start-up excluded)",
+    );
+    figure(
+        "kafka_to_kafka.raw_txn_rate",
+        format!("{:.0}", messages as f64 / raw),
+        "msg/s (produce only, same transactions)",
+    );
+    figure(
+        "ratio.kafka_to_kafka_over_raw_txn",
+        format!("{:.2}", raw / r.wall.as_secs_f64()),
+        "x (target >= 0.8)",
+    );
+    figure(
+        "ratio.kafka_to_kafka_batches_over_raw_txn",
+        format!("{:.2}", raw / in_batches.max(1e-9)),
+        "x (start-up excluded)",
+    );
+    Ok(())
+}
+
+/// The raw floor of a transactional output: `messages` records like the
+/// engine's (key and JSON value) produced to `topic` in transactions of
+/// `per_txn`, each committed with a group offset as the sink's are; its
+/// time in seconds.
+fn raw_transactions(
+    broker: &broker::Broker,
+    topic: &str,
+    messages: u64,
+    per_txn: u64,
+) -> anyhow::Result<f64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    broker.create_topic(topic, 4)?;
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("transactional.id", format!("lakestream-bench-{topic}"))
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("group.id", format!("lakestream-bench-{topic}"))
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let group = consumer
+        .group_metadata()
+        .context("the consumer has no group metadata")?;
+    let timeout = Duration::from_secs(60);
+    let start = Instant::now();
+    producer.init_transactions(timeout)?;
+    let mut i = 0u64;
+    let mut txn = 0i64;
+    while i < messages {
+        producer.begin_transaction()?;
+        let end = (i + per_txn).min(messages);
+        while i < end {
+            let key = format!("o{i:010}");
+            let value = format!(
+                "{{\"order_id\":\"{key}\",\"customer_id\":{},\"amount\":{}.25,\"ts\":\"2026-02-01T00:00:00\"}}",
+                i % 9973,
+                i % 500
+            );
+            let mut record = BaseRecord::<String, String>::to(topic)
+                .key(&key)
+                .payload(&value);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((e, back))
+                        if e.rdkafka_error_code()
+                            == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                    {
+                        record = back;
+                        producer.poll(Duration::from_millis(1));
+                    }
+                    Err((e, _)) => bail!("produce: {e}"),
+                }
+            }
+            i += 1;
+        }
+        txn += 1;
+        let mut marker = rdkafka::TopicPartitionList::new();
+        marker.add_partition_offset(topic, 0, rdkafka::Offset::Offset(txn))?;
+        producer.send_offsets_to_transaction(&marker, &group, timeout)?;
+        producer.commit_transaction(timeout)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
 }
 
 /// `messages` JSON orders to the 4 partitions of `topic`, round robin.
