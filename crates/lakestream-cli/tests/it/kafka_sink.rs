@@ -507,3 +507,62 @@ fn a_delta_tables_change_feed_streams_to_kafka_exactly_once_under_kill_9() {
     );
     assert_eq!(topic.committed.len(), 7 + 7 * 2 * 7);
 }
+
+#[test]
+fn a_second_process_on_the_checkpoint_fences_a_hung_first_and_nothing_is_doubled() {
+    // An object-store checkpoint takes no OS lock: a second process can
+    // start while the first hangs (a paused VM, a GC pause, SIGSTOP). The
+    // second's producer fences the first's; when the first wakes, its
+    // commit is refused and it stops.
+    let s3 = lakestream_testkit::s3::S3Server::from_env();
+    let broker = Broker::start();
+    broker.create_topic("alerts", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut kept = write_events(&dir.join("in"), 0, 40, 1_000);
+    kept.sort();
+    std::fs::write(
+        dir.join("job.sql"),
+        events_to_kafka(&dir.join("in"), &broker, "alerts", ""),
+    )
+    .unwrap();
+    let ckpt = format!("{}ckpt/", s3.prefix("fence"));
+    let args = run_job_args(&ckpt);
+    let spawn = || {
+        bin()
+            .current_dir(dir)
+            .envs(s3.env())
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut rng = Rng(clock_seed() | 1);
+    let first = spawn();
+    std::thread::sleep(Duration::from_millis(400 + rng.below(600)));
+    let pid = first.id() as libc::pid_t;
+    // SAFETY: signalling our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let second = spawn().wait_with_output().unwrap();
+    assert!(second.status.success(), "{}", text(&second));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let first = first.wait_with_output().unwrap();
+    let topic = Topic::read(&broker, "alerts");
+    eprintln!(
+        "first process: {:?}; {} aborted records",
+        first.status, topic.aborted
+    );
+    // The first may have finished its batch before the pause; past it,
+    // it cannot commit what the second holds.
+    if !first.status.success() {
+        let msg = stderr(&first);
+        assert!(
+            msg.contains("fenced") || msg.contains("in use") || msg.contains("another process"),
+            "{msg}"
+        );
+    }
+    assert_eq!(topic.open, 0);
+    assert_exactly_once(&topic.values(), &kept);
+}
