@@ -589,6 +589,7 @@ fn produce_batch(
         .map_err(|e| fail("begin_transaction", e))?;
     let ctx = producer.context();
     ctx.failed.store(0, Ordering::Relaxed);
+    *ctx.first.lock().unwrap_or_else(|e| e.into_inner()) = None;
     for encoded in parts.iter().flatten() {
         for i in 0..encoded.len() {
             let r = encoded.record(i);

@@ -222,42 +222,33 @@ fn a_kafka_output_is_refused_clearly_when_it_cannot_be_written_exactly_once() {
     let dir = tmp.path();
     write_events(&dir.join("in"), 0, 1, 5);
     let input = dir.join("in");
-    for (extra, query, expect) in [
+    let select = "SELECT event_id FROM events";
+    for (topic, extra, query, expect) in [
         // A topic the job would create with the broker's defaults.
-        (
-            "",
-            "SELECT event_id FROM events",
-            "topic missing does not exist",
-        ),
+        ("missing", "", select, "topic missing does not exist"),
         // Keys the sink owns.
         (
+            "alerts",
             ", 'kafka.transactional.id' 'mine'",
-            "SELECT event_id FROM events",
+            select,
             "transactional_id",
         ),
-        (
-            ", 'kafka.acks' '1'",
-            "SELECT event_id FROM events",
-            "acks=all",
-        ),
+        ("alerts", ", 'kafka.acks' '1'", select, "acks=all"),
         // A key column of a type a key cannot be.
         (
+            "alerts",
             "",
             "SELECT user_id AS _key FROM events",
             "CAST(... AS VARCHAR) AS _key",
         ),
         // Complete mode cannot take rows back out of a topic.
         (
+            "alerts",
             ", 'output_mode' 'complete'",
             "SELECT user_id, count(*) AS n FROM events GROUP BY user_id",
             "complete mode",
         ),
     ] {
-        let topic = if expect.starts_with("topic missing") {
-            "missing"
-        } else {
-            "alerts"
-        };
         let job = format!(
             "CREATE UNBOUNDED EXTERNAL TABLE events (event_id VARCHAR, user_id BIGINT, amount DOUBLE, ts TIMESTAMP)\n\
              STORED AS JSON LOCATION '{}';\n\
@@ -271,7 +262,6 @@ fn a_kafka_output_is_refused_clearly_when_it_cannot_be_written_exactly_once() {
         let o = run_in(dir, &run_job_args("ckpt-refused"));
         assert!(!o.status.success(), "{extra} {query}: {}", text(&o));
         let msg = stderr(&o);
-        let expect = expect.trim_start_matches("topic missing ");
         assert!(msg.contains(expect), "{extra} {query}: {msg}");
         let _ = std::fs::remove_dir_all(dir.join("ckpt-refused"));
     }
