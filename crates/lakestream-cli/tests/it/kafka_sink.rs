@@ -567,3 +567,34 @@ fn a_second_process_on_the_checkpoint_fences_a_hung_first_and_nothing_is_doubled
     assert_eq!(topic.open, 0);
     assert_exactly_once(&topic.values(), &kept);
 }
+
+#[test]
+fn a_record_the_broker_refuses_aborts_its_batch_and_nothing_of_it_is_visible() {
+    let broker = Broker::start();
+    broker.create_topic("alerts", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_events(&dir.join("in"), 0, 1, 20);
+    // Partition 7 of a 2-partition topic: librdkafka cannot deliver it.
+    let job = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE events (event_id VARCHAR, user_id BIGINT, amount DOUBLE, ts TIMESTAMP)\n\
+         STORED AS JSON LOCATION '{}';\n\
+         CREATE EXTERNAL TABLE out STORED AS KAFKA LOCATION 'kafka://{}/alerts'\n\
+         OPTIONS ('unavailable_timeout' '10s');\n\
+         INSERT INTO out SELECT event_id, CASE WHEN user_id = 3 THEN 7 ELSE 0 END AS _partition \
+         FROM events;\n",
+        dir.join("in").display(),
+        broker.bootstrap()
+    );
+    std::fs::write(dir.join("job.sql"), job).unwrap();
+    let o = run_job(dir);
+    assert!(!o.status.success(), "{}", text(&o));
+    let msg = stderr(&o);
+    assert!(
+        msg.contains("batch 0") && msg.contains("nothing of the batch is visible"),
+        "{msg}"
+    );
+    let topic = Topic::read(&broker, "alerts");
+    assert!(topic.committed.is_empty(), "{:?}", topic.committed);
+    assert_eq!(topic.open, 0);
+}
