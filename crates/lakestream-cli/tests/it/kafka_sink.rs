@@ -598,3 +598,43 @@ fn a_record_the_broker_refuses_aborts_its_batch_and_nothing_of_it_is_visible() {
     assert!(topic.committed.is_empty(), "{:?}", topic.committed);
     assert_eq!(topic.open, 0);
 }
+
+#[test]
+fn verify_finds_a_batch_the_checkpoint_marks_done_that_the_topic_lacks() {
+    let broker = Broker::start();
+    broker.create_topic("alerts", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_events(&dir.join("in"), 0, 3, 10);
+    std::fs::write(
+        dir.join("job.sql"),
+        events_to_kafka(&dir.join("in"), &broker, "alerts", ""),
+    )
+    .unwrap();
+    let o = run_job(dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("clean: 3 batches"), "{}", text(&o));
+    // Damage: the checkpoint now says batch 3 was planned and is done,
+    // though no transaction committed it to the topic.
+    for log in ["offsets", "commits"] {
+        let from = dir.join(format!("ckpt/{log}/2"));
+        let mut entry: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&from).unwrap()).unwrap();
+        entry["batch_id"] = 3.into();
+        std::fs::write(
+            dir.join(format!("ckpt/{log}/3")),
+            serde_json::to_vec_pretty(&entry).unwrap(),
+        )
+        .unwrap();
+    }
+    let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains("NOT CLEAN")
+            && out.contains("marks batch 3 done, but the last batch committed to alerts is 2"),
+        "{out}"
+    );
+}
