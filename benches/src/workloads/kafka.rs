@@ -207,6 +207,110 @@ fn kafka_to_kafka(
     Ok(())
 }
 
+/// A raw transactional producer to a 4-partition topic, committing every
+/// `per_txn` records with a group offset as the sink does: the raw loops'
+/// shared output.
+struct RawTxnOutput {
+    producer: rdkafka::producer::BaseProducer,
+    /// A consumer of the output's group: its metadata goes with each
+    /// commit (and a loop may read with it).
+    consumer: rdkafka::consumer::BaseConsumer,
+    out: String,
+    per_txn: u64,
+    in_txn: std::cell::Cell<u64>,
+    txns: std::cell::Cell<i64>,
+}
+
+impl RawTxnOutput {
+    const TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// Create `out` and the clients; nothing is produced yet.
+    fn new(broker: &broker::Broker, out: &str, per_txn: u64) -> anyhow::Result<Self> {
+        broker.create_topic(out, 4)?;
+        let client = |key: &str| {
+            let mut c = rdkafka::ClientConfig::new();
+            c.set("bootstrap.servers", broker.bootstrap())
+                .set(key, format!("lakestream-bench-{out}"));
+            c
+        };
+        Ok(Self {
+            producer: client("transactional.id")
+                .set("queue.buffering.max.messages", "1000000")
+                .create()?,
+            consumer: client("group.id")
+                .set("enable.auto.commit", "false")
+                .create()?,
+            out: out.to_string(),
+            per_txn,
+            in_txn: Default::default(),
+            txns: Default::default(),
+        })
+    }
+
+    /// Start the producer's transactions and open the first.
+    fn start(&self) -> anyhow::Result<()> {
+        use rdkafka::producer::Producer;
+        self.producer.init_transactions(Self::TIMEOUT)?;
+        self.producer.begin_transaction()?;
+        Ok(())
+    }
+
+    /// Produce one record (waiting while the queue is full); commit the
+    /// transaction when it holds `per_txn` and open the next.
+    fn send(&self, key: Option<&[u8]>, payload: &[u8]) -> anyhow::Result<()> {
+        use rdkafka::producer::{BaseRecord, Producer};
+        let mut record = BaseRecord::<[u8], [u8]>::to(&self.out).payload(payload);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => break,
+                Err((e, back))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    record = back;
+                    self.producer.poll(Duration::from_millis(1));
+                }
+                Err((e, _)) => bail!("produce: {e}"),
+            }
+        }
+        self.in_txn.set(self.in_txn.get() + 1);
+        if self.in_txn.get() == self.per_txn {
+            self.commit()?;
+            self.producer.begin_transaction()?;
+        }
+        Ok(())
+    }
+
+    /// Commit the open transaction with the next group offset.
+    fn commit(&self) -> anyhow::Result<()> {
+        use rdkafka::consumer::Consumer;
+        use rdkafka::producer::Producer;
+        let group = self
+            .consumer
+            .group_metadata()
+            .context("the consumer has no group metadata")?;
+        self.txns.set(self.txns.get() + 1);
+        let mut marker = rdkafka::TopicPartitionList::new();
+        marker.add_partition_offset(&self.out, 0, rdkafka::Offset::Offset(self.txns.get()))?;
+        self.producer
+            .send_offsets_to_transaction(&marker, &group, Self::TIMEOUT)?;
+        self.producer.commit_transaction(Self::TIMEOUT)?;
+        self.in_txn.set(0);
+        Ok(())
+    }
+
+    /// Commit what the open transaction holds.
+    fn finish(self) -> anyhow::Result<()> {
+        if self.in_txn.get() > 0 {
+            self.commit()?;
+        }
+        Ok(())
+    }
+}
+
 /// The raw floor of a transactional output: `messages` records like the
 /// engine's (key and JSON value) produced to `topic` in transactions of
 /// `per_txn`, each committed with a group offset as the sink's are; its
@@ -217,61 +321,19 @@ fn raw_transactions(
     messages: u64,
     per_txn: u64,
 ) -> anyhow::Result<f64> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    broker.create_topic(topic, 4)?;
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("transactional.id", format!("lakestream-bench-{topic}"))
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?;
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("group.id", format!("lakestream-bench-{topic}"))
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let group = consumer
-        .group_metadata()
-        .context("the consumer has no group metadata")?;
-    let timeout = Duration::from_secs(60);
+    let out = RawTxnOutput::new(broker, topic, per_txn)?;
     let start = Instant::now();
-    producer.init_transactions(timeout)?;
-    let mut i = 0u64;
-    let mut txn = 0i64;
-    while i < messages {
-        producer.begin_transaction()?;
-        let end = (i + per_txn).min(messages);
-        while i < end {
-            let key = format!("o{i:010}");
-            let value = format!(
-                "{{\"order_id\":\"{key}\",\"customer_id\":{},\"amount\":{}.25,\"ts\":\"2026-02-01T00:00:00\"}}",
-                i % 9973,
-                i % 500
-            );
-            let mut record = BaseRecord::<String, String>::to(topic)
-                .key(&key)
-                .payload(&value);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((e, back))
-                        if e.rdkafka_error_code()
-                            == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-                    {
-                        record = back;
-                        producer.poll(Duration::from_millis(1));
-                    }
-                    Err((e, _)) => bail!("produce: {e}"),
-                }
-            }
-            i += 1;
-        }
-        txn += 1;
-        let mut marker = rdkafka::TopicPartitionList::new();
-        marker.add_partition_offset(topic, 0, rdkafka::Offset::Offset(txn))?;
-        producer.send_offsets_to_transaction(&marker, &group, timeout)?;
-        producer.commit_transaction(timeout)?;
+    out.start()?;
+    for i in 0..messages {
+        let key = format!("o{i:010}");
+        let value = format!(
+            "{{\"order_id\":\"{key}\",\"customer_id\":{},\"amount\":{}.25,\"ts\":\"2026-02-01T00:00:00\"}}",
+            i % 9973,
+            i % 500
+        );
+        out.send(Some(key.as_bytes()), value.as_bytes())?;
     }
+    out.finish()?;
     Ok(start.elapsed().as_secs_f64())
 }
 
@@ -287,68 +349,27 @@ fn raw_consume_produce(
     per_txn: u64,
 ) -> anyhow::Result<f64> {
     use rdkafka::Message;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    broker.create_topic(out, 4)?;
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("transactional.id", format!("lakestream-bench-{out}"))
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?;
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("group.id", format!("lakestream-bench-{out}"))
-        .set("enable.auto.commit", "false")
-        .create()?;
+    use rdkafka::consumer::Consumer;
+    let out = RawTxnOutput::new(broker, out, per_txn)?;
     let mut tpl = rdkafka::TopicPartitionList::new();
     for p in 0..4 {
         tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
     }
-    consumer.assign(&tpl)?;
-    let group = consumer
-        .group_metadata()
-        .context("the consumer has no group metadata")?;
-    let timeout = Duration::from_secs(60);
+    out.consumer.assign(&tpl)?;
     let start = Instant::now();
-    producer.init_transactions(timeout)?;
-    let (mut got, mut in_txn, mut txn) = (0u64, 0u64, 0i64);
-    producer.begin_transaction()?;
+    out.start()?;
+    let mut got = 0u64;
     while got < messages {
         if start.elapsed() > Duration::from_secs(600) {
             bail!("raw consume-produce stalled at {got} of {messages}");
         }
-        let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
+        let Some(Ok(m)) = out.consumer.poll(Duration::from_millis(100)) else {
             continue;
         };
-        let payload = m.payload().unwrap_or_default();
-        let mut record = BaseRecord::<(), [u8]>::to(out).payload(payload);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((e, back))
-                    if e.rdkafka_error_code()
-                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-                {
-                    record = back;
-                    producer.poll(Duration::from_millis(1));
-                }
-                Err((e, _)) => bail!("produce: {e}"),
-            }
-        }
+        out.send(None, m.payload().unwrap_or_default())?;
         got += 1;
-        in_txn += 1;
-        if in_txn == per_txn || got == messages {
-            txn += 1;
-            let mut marker = rdkafka::TopicPartitionList::new();
-            marker.add_partition_offset(out, 0, rdkafka::Offset::Offset(txn))?;
-            producer.send_offsets_to_transaction(&marker, &group, timeout)?;
-            producer.commit_transaction(timeout)?;
-            in_txn = 0;
-            if got < messages {
-                producer.begin_transaction()?;
-            }
-        }
     }
+    out.finish()?;
     Ok(start.elapsed().as_secs_f64())
 }
 

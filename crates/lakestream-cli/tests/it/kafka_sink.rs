@@ -47,35 +47,43 @@ impl Topic {
     }
 }
 
-/// A job writing the events under `input` (kept when amount > 0) to
-/// `topic`, keyed by event id, one file per batch.
-fn events_to_kafka(input: &std::path::Path, broker: &Broker, topic: &str, extra: &str) -> String {
-    format!(
+/// Topic `alerts` (2 partitions) on `broker`, and a fresh directory with
+/// `files` event files of `rows` events under `in/` and `job.sql`: the
+/// events kept (amount > 0) to `alerts`, keyed by event id, one file per
+/// batch, with the topic's extra `options`. The directory and the kept
+/// ids, sorted.
+fn alerts_job(
+    broker: &Broker,
+    files: usize,
+    rows: usize,
+    options: &str,
+) -> (tempfile::TempDir, Vec<String>) {
+    broker.create_topic("alerts", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    let mut kept = write_events(&input, 0, files, rows);
+    kept.sort();
+    let job = format!(
         "CREATE UNBOUNDED EXTERNAL TABLE events (\n  event_id VARCHAR NOT NULL, user_id BIGINT, \
          event_type VARCHAR, amount DOUBLE, ts TIMESTAMP\n) STORED AS JSON LOCATION '{}'\n\
          OPTIONS ('max_files_per_trigger' '1');\n\
-         CREATE EXTERNAL TABLE alerts STORED AS KAFKA LOCATION 'kafka://{}/{topic}'\n\
-         OPTIONS ('format' 'json'{extra});\n\
+         CREATE EXTERNAL TABLE alerts STORED AS KAFKA LOCATION 'kafka://{}/alerts'\n\
+         OPTIONS ('format' 'json'{options});\n\
          INSERT INTO alerts SELECT event_id AS _key, event_id, user_id, amount, ts AS _timestamp,\n\
          CAST(user_id % 2 AS INT) AS _partition, '{{\"source\": \"files\"}}' AS _headers\n\
          FROM events WHERE amount > 0;\n",
         input.display(),
         broker.bootstrap()
-    )
+    );
+    std::fs::write(tmp.path().join("job.sql"), job).unwrap();
+    (tmp, kept)
 }
 
 #[test]
 fn files_to_kafka_each_row_once_with_its_key_partition_timestamp_and_headers() {
     let broker = Broker::start();
-    broker.create_topic("alerts", 2);
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, kept) = alerts_job(&broker, 3, 20, "");
     let dir = tmp.path();
-    let kept = write_events(&dir.join("in"), 0, 3, 20);
-    std::fs::write(
-        dir.join("job.sql"),
-        events_to_kafka(&dir.join("in"), &broker, "alerts", ""),
-    )
-    .unwrap();
     let o = run_job(dir);
     assert!(o.status.success(), "{}", text(&o));
     let topic = Topic::read(&broker, "alerts");
@@ -115,8 +123,7 @@ fn files_to_kafka_each_row_once_with_its_key_partition_timestamp_and_headers() {
     let more = write_events(&dir.join("in"), 3, 2, 20);
     let o = run_job(dir);
     assert!(o.status.success(), "{}", text(&o));
-    let all: Vec<String> = kept.iter().chain(&more).cloned().collect();
-    let mut all = all;
+    let mut all: Vec<String> = kept.iter().chain(&more).cloned().collect();
     all.sort();
     assert_exactly_once(&Topic::read(&broker, "alerts").values(), &all);
     assert_eq!(broker.committed(&group, "alerts", 1), vec![5]);
@@ -132,17 +139,9 @@ fn checkpoint_query_id(dir: &std::path::Path) -> String {
 #[test]
 fn files_to_kafka_exactly_once_through_sigkills() {
     let broker = Broker::start();
-    broker.create_topic("alerts", 2);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
     // Batches of 2,000 records: a kill can land while one is produced.
-    let mut kept = write_events(&dir.join("in"), 0, 30, 2_000);
-    kept.sort();
-    std::fs::write(
-        dir.join("job.sql"),
-        events_to_kafka(&dir.join("in"), &broker, "alerts", ""),
-    )
-    .unwrap();
+    let (tmp, kept) = alerts_job(&broker, 30, 2_000, "");
+    let dir = tmp.path();
     // The topic cannot be put back as it was, so the loop never starts
     // over; kills must land in its one pass.
     let (kills, _) = kill_until_done_logged(
@@ -437,17 +436,8 @@ fn unreachable_brokers_fail_the_run_naming_them_within_unavailable_timeout() {
 #[test]
 fn a_tls_only_broker_is_written_with_the_settings_the_source_takes() {
     let broker = Broker::start_tls();
-    broker.create_topic("alerts", 2);
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, kept) = alerts_job(&broker, 2, 20, &format!(", {}", broker.job_options()));
     let dir = tmp.path();
-    let mut kept = write_events(&dir.join("in"), 0, 2, 20);
-    kept.sort();
-    let extra = format!(", {}", broker.job_options());
-    std::fs::write(
-        dir.join("job.sql"),
-        events_to_kafka(&dir.join("in"), &broker, "alerts", &extra),
-    )
-    .unwrap();
     let o = run_job(dir);
     assert!(o.status.success(), "{}", text(&o));
     assert_exactly_once(&Topic::read(&broker, "alerts").values(), &kept);
@@ -506,22 +496,9 @@ fn a_second_process_on_the_checkpoint_fences_a_hung_first_and_nothing_is_doubled
     // commit is refused and it stops.
     let s3 = lakestream_testkit::s3::S3Server::from_env();
     let broker = Broker::start();
-    broker.create_topic("alerts", 2);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    let mut kept = write_events(&dir.join("in"), 0, 40, 1_000);
-    kept.sort();
     // A fenced producer's commit waits out this bound.
-    std::fs::write(
-        dir.join("job.sql"),
-        events_to_kafka(
-            &dir.join("in"),
-            &broker,
-            "alerts",
-            ", 'unavailable_timeout' '10s'",
-        ),
-    )
-    .unwrap();
+    let (tmp, kept) = alerts_job(&broker, 40, 1_000, ", 'unavailable_timeout' '10s'");
+    let dir = tmp.path();
     let ckpt = format!("{}ckpt/", s3.prefix("fence"));
     let args = run_job_args(&ckpt);
     let spawn = || {
@@ -602,15 +579,8 @@ fn a_record_the_broker_refuses_aborts_its_batch_and_nothing_of_it_is_visible() {
 #[test]
 fn verify_finds_a_batch_the_checkpoint_marks_done_that_the_topic_lacks() {
     let broker = Broker::start();
-    broker.create_topic("alerts", 2);
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, _) = alerts_job(&broker, 3, 10, "");
     let dir = tmp.path();
-    write_events(&dir.join("in"), 0, 3, 10);
-    std::fs::write(
-        dir.join("job.sql"),
-        events_to_kafka(&dir.join("in"), &broker, "alerts", ""),
-    )
-    .unwrap();
     let o = run_job(dir);
     assert!(o.status.success(), "{}", text(&o));
     let o = run_in(dir, &["verify", "--checkpoint", "ckpt"]);
